@@ -1,0 +1,55 @@
+"""Which files to read under the paths a user gives.
+
+Files named directly are always read. Directories are walked (sorted, recursively,
+symlinked directories not followed) and every file is taken except checkpoint payloads
+and structured side files that are not logs: see :data:`SKIP_SUFFIXES`. Whether a file
+is text is decided when it is read (:func:`ckptwatch.ingest.reader.looks_binary`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+SKIP_SUFFIXES = (
+    ".json", ".jsonl", ".distcp", ".metadata", ".pt", ".pth", ".bin", ".safetensors", ".ckpt",
+    ".duckdb", ".wal", ".tmp", ".gz", ".zip", ".tar", ".npy", ".npz", ".pkl", ".lock",
+)
+
+
+@dataclass(frozen=True)
+class Found:
+    """A discovered path, or a problem with one (``error`` set, e.g. "does not exist")."""
+
+    path: str
+    error: str | None = None
+
+
+def discover(paths: Iterable[str]) -> list[Found]:
+    """Expand files and directories into the files to read, in a stable order."""
+    out: list[Found] = []
+    seen: set[str] = set()
+    for p in paths:
+        if os.path.isfile(p):
+            candidates = [p]
+        elif os.path.isdir(p):
+            candidates = []
+            for root, dirs, files in os.walk(p, onerror=lambda e: out.append(Found(e.filename, str(e.strerror)))):
+                dirs[:] = sorted(d for d in dirs if not d.startswith(".") and not os.path.islink(os.path.join(root, d)))
+                for f in sorted(files):
+                    if f.startswith(".") or f.endswith(SKIP_SUFFIXES):
+                        continue
+                    candidates.append(os.path.join(root, f))
+        elif os.path.exists(p):
+            out.append(Found(p, "not a regular file or directory"))
+            continue
+        else:
+            out.append(Found(p, "does not exist"))
+            continue
+        for c in candidates:
+            real = os.path.realpath(c)
+            if real not in seen:
+                seen.add(real)
+                out.append(Found(c))
+    return out

@@ -1,0 +1,115 @@
+"""Labels from a file's path.
+
+Three sources, strongest first:
+
+1. a user-given path template such as ``{job}/{host}/rank{rank}.log`` (fields ``job``,
+   ``host``, ``rank``, ``local_rank``, ``attempt``; ``*`` matches within one path part),
+   matched against the end of the path;
+2. torchrun's own ``--log-dir`` layout:
+   ``<log_dir>/<run_id>_<8 random chars>/attempt_<n>/<local_rank>/{stdout,stderr}.log``
+   (``run_id`` is the job; see ``torch.distributed.elastic.multiprocessing``);
+3. for a torchrun console file (``console.log`` or any file beside a ``--log-dir``), the
+   run id of the single torchrun run directory next to it.
+
+Labels found in the lines themselves (``job_id=…``, ``[rank3]:``) are applied later and
+win over path labels for ``rank``; the job of a console file with no path label is taken
+from the first line that names it (``run_id : …`` or ``job_id=…``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+TORCHRUN_RE = re.compile(
+    r"(?:^|/)(?P<run_id>[^/]+)_(?P<rand>[a-z0-9_]{8})/attempt_(?P<attempt>\d+)/(?P<local_rank>\d+)/"
+    r"(?P<stream>stdout|stderr)\.log$"
+)
+_FIELD_RE = re.compile(r"\{(job|host|rank|local_rank|attempt)\}")
+_INT_FIELDS = ("rank", "local_rank", "attempt")
+
+
+class TemplateError(ValueError):
+    """A path template that cannot be compiled (names the template and the reason)."""
+
+
+@dataclass(frozen=True)
+class PathLabels:
+    """Labels of one file. ``source_kind`` is ``worker`` (one rank's output), ``console``
+    (torchrun's combined output with ``[defaultN]:`` prefixes) or ``log`` (anything else:
+    kernel and storage logs included; their rules recognise them by content)."""
+
+    job: str | None = None
+    host: str | None = None
+    rank: int | None = None
+    local_rank: int | None = None
+    attempt: int | None = None
+    source_kind: str = "log"
+
+
+def compile_template(template: str) -> re.Pattern[str]:
+    """Compile ``{job}/{host}/rank{rank}.log`` into a regex matched at the end of a path.
+
+    Raises TemplateError for unknown fields or a field used twice.
+    """
+    unknown = set(re.findall(r"\{([^}]*)\}", template)) - {"job", "host", "rank", "local_rank", "attempt"}
+    if unknown:
+        raise TemplateError(f"path template {template!r}: unknown field(s) {sorted(unknown)}; "
+                            "known: job, host, rank, local_rank, attempt")
+    out, pos, seen = [], 0, set()
+    for m in _FIELD_RE.finditer(template):
+        out.append(re.escape(template[pos:m.start()]).replace(r"\*", "[^/]*"))
+        name = m.group(1)
+        if name in seen:
+            raise TemplateError(f"path template {template!r}: field {{{name}}} appears twice")
+        seen.add(name)
+        out.append(rf"(?P<{name}>\d+)" if name in _INT_FIELDS else rf"(?P<{name}>[^/]+?)")
+        pos = m.end()
+    out.append(re.escape(template[pos:]).replace(r"\*", "[^/]*"))
+    return re.compile(r"(?:^|/)" + "".join(out) + "$")
+
+
+def _torchrun_run_dirs(log_dir: str) -> list[str]:
+    try:
+        names = sorted(os.listdir(log_dir))
+    except OSError:
+        return []
+    out = []
+    for n in names:
+        m = re.fullmatch(r"(?P<run_id>.+)_[a-z0-9_]{8}", n)
+        if m and os.path.isdir(os.path.join(log_dir, n)):
+            out.append(m.group("run_id"))
+    return out
+
+
+def labels_for(path: str, template: re.Pattern[str] | None = None) -> PathLabels:
+    """Labels for the file at ``path`` (see module docstring for the order)."""
+    norm = path.replace(os.sep, "/")
+    if template is not None:
+        m = template.search(norm)
+        if m:
+            g = m.groupdict()
+            return PathLabels(
+                job=g.get("job"),
+                host=g.get("host"),
+                rank=int(g["rank"]) if g.get("rank") else None,
+                local_rank=int(g["local_rank"]) if g.get("local_rank") else None,
+                attempt=int(g["attempt"]) if g.get("attempt") else None,
+                source_kind="worker" if g.get("rank") or g.get("local_rank") else "log",
+            )
+    m = TORCHRUN_RE.search(norm)
+    if m:
+        return PathLabels(
+            job=m.group("run_id"),
+            local_rank=int(m.group("local_rank")),
+            attempt=int(m.group("attempt")),
+            source_kind="worker",
+        )
+    parent = os.path.dirname(path)
+    run_ids = []
+    for sub in ("torchrun_logs", "logs", "log_dir"):
+        run_ids += _torchrun_run_dirs(os.path.join(parent, sub))
+    is_console = os.path.basename(path) == "console.log" or bool(run_ids)
+    job = run_ids[0] if len(set(run_ids)) == 1 else None
+    return PathLabels(job=job, source_kind="console" if is_console else "log")

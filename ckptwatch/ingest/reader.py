@@ -1,0 +1,114 @@
+"""Reading complete lines from a byte offset, safely.
+
+* Only complete lines (ending in ``\\n``) are returned, unless ``final`` is set (the
+  file is not expected to grow, as in ``diagnose``): then a last line without a newline
+  is returned too.
+* A line longer than ``max_line_bytes`` is skipped and reported (reason
+  ``line_too_long``) with its offset; the lines around it are read as usual.
+* Invalid UTF-8 is decoded with U+FFFD replacement characters and counted
+  (``invalid_utf8``); the line is kept.
+* ``\\r\\n`` endings lose the ``\\r``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+DEFAULT_MAX_LINE_BYTES = 1 << 20  # 1 MiB
+DEFAULT_CHUNK_BYTES = 8 << 20  # how much one call reads at most (plus one huge line)
+
+
+@dataclass
+class ReadResult:
+    """What one read produced.
+
+    Attributes:
+        lines: ``(offset, text)`` pairs; ``offset`` is the byte offset of the line start.
+        next_offset: where the next read starts (after the last complete line consumed).
+        skipped: ``(reason, offset, n_bytes)`` for each line not returned.
+        invalid_utf8: how many returned lines had bytes that are not UTF-8.
+    """
+
+    lines: list[tuple[int, str]] = field(default_factory=list)
+    next_offset: int = 0
+    skipped: list[tuple[str, int, int]] = field(default_factory=list)
+    invalid_utf8: int = 0
+
+
+def _decode(raw: bytes, res: ReadResult) -> str:
+    if raw.endswith(b"\r"):
+        raw = raw[:-1]
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        res.invalid_utf8 += 1
+        return raw.decode("utf-8", errors="replace")
+
+
+def read_lines(
+    path: str,
+    offset: int,
+    *,
+    final: bool = False,
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+) -> ReadResult:
+    """Read the complete lines of ``path`` from byte ``offset``.
+
+    Raises OSError if the file cannot be opened or read.
+    """
+    res = ReadResult(next_offset=offset)
+    with open(path, "rb") as f:
+        f.seek(offset)
+        buf = f.read(chunk_bytes)
+        pos = 0
+        while True:
+            nl = buf.find(b"\n", pos)
+            if nl < 0:
+                rest = len(buf) - pos
+                if rest > max_line_bytes:
+                    # Inside a huge line: find its end without holding it in memory.
+                    start = offset + pos
+                    f.seek(start + rest)
+                    n = rest
+                    while True:
+                        block = f.read(1 << 20)
+                        if not block:
+                            if final:
+                                res.skipped.append(("line_too_long", start, n))
+                                res.next_offset = start + n
+                            return res
+                        k = block.find(b"\n")
+                        if k >= 0:
+                            n += k
+                            res.skipped.append(("line_too_long", start, n))
+                            res.next_offset = start + n + 1
+                            # continue with a fresh chunk after the huge line
+                            more = read_lines(path, res.next_offset, final=final,
+                                              max_line_bytes=max_line_bytes, chunk_bytes=chunk_bytes)
+                            res.lines.extend(more.lines)
+                            res.skipped.extend(more.skipped)
+                            res.invalid_utf8 += more.invalid_utf8
+                            res.next_offset = more.next_offset
+                            return res
+                        n += len(block)
+                if final and rest > 0 and len(buf) < chunk_bytes:
+                    res.lines.append((offset + pos, _decode(buf[pos:], res)))
+                    res.next_offset = offset + len(buf)
+                return res
+            raw = buf[pos:nl]
+            if len(raw) > max_line_bytes:
+                res.skipped.append(("line_too_long", offset + pos, len(raw)))
+            else:
+                res.lines.append((offset + pos, _decode(raw, res)))
+            pos = nl + 1
+            res.next_offset = offset + pos
+
+
+def looks_binary(path: str, sniff_bytes: int = 8192) -> bool:
+    """True if the first ``sniff_bytes`` of the file hold a NUL byte (not a text log).
+
+    Raises OSError if the file cannot be read.
+    """
+    with open(path, "rb") as f:
+        return b"\x00" in f.read(sniff_bytes)

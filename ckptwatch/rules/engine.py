@@ -1,0 +1,372 @@
+"""Rules as data: load YAML rule packs and apply them to batches of records.
+
+A rule pack is a YAML file::
+
+    family: torchrun                      # the source family the pack covers
+    description: ...
+    rules:
+      - id: torchrun.worker_failed        # unique across all loaded packs
+        event: process_exit               # one of ckptwatch.schema.EVENT_KINDS
+        prefilter: "failed (exitcode:"    # a literal every matching record contains
+        pattern: 'failed \\(exitcode: (?P<exitcode>-?\\d+)\\) local_rank: (?P<local_rank>\\d+)'
+        sources: [console]                # optional: source kinds (console, worker, log)
+        attrs: {reporter: agent}          # optional: static attributes added to the event
+        path_format: "{path}/iter_{step:07d}"  # optional: rewrite the captured path
+        examples:
+          match:                          # each must match; "expect" checks captured groups
+            - line: "E1130 ... failed (exitcode: -9) local_rank: 2 (pid: 5879) of binary: ..."
+              expect: {exitcode: -9, local_rank: 2}
+          no_match:
+            - "I1130 ... Starting worker group"
+
+Patterns use the Rust ``regex`` syntax that polars runs (named groups ``(?P<name>…)``;
+no look-around, no back-references). A record is a line or a multiline group joined with
+``\\n``; use ``(?m)`` for per-line anchors and ``(?s)`` to let ``.`` cross lines.
+
+Named groups ``job``, ``host``, ``rank``, ``local_rank``, ``pid``, ``step``, ``path`` and
+``ts`` fill the event columns of the same name (a captured ``ts`` replaces a record time
+that was only inherited); every other group goes into ``attrs`` (as an integer or float
+when every captured value is one).
+
+Matching is vectorized: per rule, a literal ``str.contains`` prefilter over the batch,
+then the regex over the survivors only. Rules are tried in load order (pack files in
+name order, rules in file order) and a record yields at most one event: the first rule
+that matches it. So ``(source_id, offset)`` identifies an event.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+import polars as pl
+import yaml
+
+from ckptwatch.ingest import timestamps
+from ckptwatch.schema import EVENT_KINDS, EVENT_SCHEMA, RECORD_SCHEMA, TS, empty_events
+
+_COLUMN_GROUPS = {"job": pl.Utf8, "host": pl.Utf8, "rank": pl.Int32, "local_rank": pl.Int32,
+                  "pid": pl.Int64, "step": pl.Int64, "path": pl.Utf8}
+_SOURCE_KINDS = {"console", "worker", "log"}
+
+
+class RuleError(ValueError):
+    """A broken rule or rule file. ``str()`` names the file, the rule id and the reason."""
+
+    def __init__(self, file: str, rule_id: str | None, reason: str) -> None:
+        self.file, self.rule_id, self.reason = file, rule_id, reason
+        where = f"{file}: rule {rule_id}" if rule_id else file
+        super().__init__(f"{where}: {reason}")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One log fingerprint. See the module docstring for the fields."""
+
+    id: str
+    event: str
+    pattern: str
+    prefilter: str
+    file: str
+    sources: tuple[str, ...] = ()
+    attrs: dict[str, Any] = field(default_factory=dict)
+    path_format: str | None = None
+    match_examples: tuple[tuple[str, dict[str, Any]], ...] = ()
+    no_match_examples: tuple[str, ...] = ()
+
+
+def packaged_rule_files() -> list[str]:
+    """Paths of the rule packs shipped inside the package, in load order."""
+    pack_dir = resources.files("ckptwatch.rules") / "packs"
+    return sorted(str(p) for p in pack_dir.iterdir() if p.name.endswith((".yaml", ".yml")))
+
+
+def _parse_rule(raw: Any, file: str, index: int) -> Rule:
+    if not isinstance(raw, dict):
+        raise RuleError(file, f"#{index + 1}", "a rule must be a mapping")
+    rid = raw.get("id")
+    if not isinstance(rid, str) or not rid:
+        raise RuleError(file, f"#{index + 1}", "missing 'id'")
+    for key in ("event", "pattern", "prefilter"):
+        if not isinstance(raw.get(key), str) or not raw[key]:
+            raise RuleError(file, rid, f"missing or empty '{key}' (a string)")
+    unknown = set(raw) - {"id", "event", "pattern", "prefilter", "sources", "attrs", "path_format", "examples",
+                          "description"}
+    if unknown:
+        raise RuleError(file, rid, f"unknown field(s) {sorted(unknown)}")
+    if raw["event"] not in EVENT_KINDS:
+        raise RuleError(file, rid, f"event {raw['event']!r} is not a known kind; known: {sorted(EVENT_KINDS)}")
+    sources = raw.get("sources") or []
+    if not isinstance(sources, list) or not set(sources) <= _SOURCE_KINDS:
+        raise RuleError(file, rid, f"'sources' must be a list drawn from {sorted(_SOURCE_KINDS)}")
+    attrs = raw.get("attrs") or {}
+    if not isinstance(attrs, dict):
+        raise RuleError(file, rid, "'attrs' must be a mapping")
+    ex = raw.get("examples") or {}
+    if not isinstance(ex, dict):
+        raise RuleError(file, rid, "'examples' must be a mapping with 'match' and 'no_match' lists")
+    matches: list[tuple[str, dict[str, Any]]] = []
+    for item in ex.get("match") or []:
+        if isinstance(item, str):
+            matches.append((item, {}))
+        elif isinstance(item, dict) and isinstance(item.get("line"), str):
+            matches.append((item["line"], dict(item.get("expect") or {})))
+        else:
+            raise RuleError(file, rid, "each 'match' example is a string or {line: ..., expect: {...}}")
+    no_matches = ex.get("no_match") or []
+    if not all(isinstance(x, str) for x in no_matches):
+        raise RuleError(file, rid, "each 'no_match' example is a string")
+    if not matches:
+        raise RuleError(file, rid, "needs at least one 'match' example")
+    return Rule(
+        id=rid, event=raw["event"], pattern=raw["pattern"], prefilter=raw["prefilter"], file=file,
+        sources=tuple(sources), attrs=attrs, path_format=raw.get("path_format"),
+        match_examples=tuple(matches), no_match_examples=tuple(no_matches),
+    )
+
+
+def load_rule_file(path: str) -> list[Rule]:
+    """Parse one rule pack. Raises RuleError (file, rule id, reason) on any defect it can see
+    without running the patterns; :func:`check_rules` runs them."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = yaml.safe_load(f)
+    except OSError as e:
+        raise RuleError(path, None, f"cannot read: {e.strerror or e}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        raise RuleError(path, None, f"invalid YAML: {where}{getattr(e, 'problem', e)}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("rules"), list):
+        raise RuleError(path, None, "expected a mapping with a 'rules' list")
+    return [_parse_rule(r, path, i) for i, r in enumerate(doc["rules"])]
+
+
+def _cast_attr(s: pl.Series) -> pl.Series:
+    for dtype in (pl.Int64, pl.Float64):
+        c = s.cast(dtype, strict=False)
+        if c.null_count() == s.null_count():
+            return c
+    return s
+
+
+class RuleSet:
+    """An ordered set of compiled rules.
+
+    Raises RuleError on duplicate ids or a pattern the regex engine rejects.
+    """
+
+    def __init__(self, rules: Iterable[Rule]) -> None:
+        self.rules: list[Rule] = []
+        seen: dict[str, str] = {}
+        probe = pl.Series("line", ["x"], dtype=pl.Utf8)
+        for r in rules:
+            if r.id in seen:
+                raise RuleError(r.file, r.id, f"duplicate id (also in {seen[r.id]})")
+            seen[r.id] = r.file
+            try:
+                probe.str.contains(r.pattern)
+            except Exception as e:  # polars raises ComputeError with the regex crate's message
+                raise RuleError(r.file, r.id, f"pattern does not compile: {str(e).splitlines()[0:4]}") from None
+            self.rules.append(r)
+
+    @classmethod
+    def load(cls, extra: Iterable[str] = (), *, packaged: bool = True) -> RuleSet:
+        """The packaged packs (unless ``packaged=False``) plus ``extra`` files or directories."""
+        files = packaged_rule_files() if packaged else []
+        for p in extra:
+            if os.path.isdir(p):
+                files += sorted(os.path.join(p, f) for f in os.listdir(p) if f.endswith((".yaml", ".yml")))
+            else:
+                files.append(p)
+        rules: list[Rule] = []
+        for f in files:
+            rules += load_rule_file(f)
+        return cls(rules)
+
+    def apply(self, records: pl.DataFrame) -> pl.DataFrame:
+        """Match records (RECORD_SCHEMA) and return events (EVENT_SCHEMA), in record order."""
+        if records.is_empty():
+            return empty_events()
+        pool = records.with_row_index("_rid")
+        parts: list[pl.DataFrame] = []
+        for rule in self.rules:
+            if pool.is_empty():
+                break
+            cand = pool.filter(pl.col("line").str.contains(rule.prefilter, literal=True))
+            if rule.sources:
+                cand = cand.filter(pl.col("source_kind").is_in(list(rule.sources)))
+            if cand.is_empty():
+                continue
+            hit = cand.filter(pl.col("line").str.contains(rule.pattern))
+            if hit.is_empty():
+                continue
+            pool = pool.filter(~pl.col("_rid").is_in(hit["_rid"].implode()))
+            parts.append(self._events_for(rule, hit))
+        if not parts:
+            return empty_events()
+        return pl.concat(parts).sort("_rid").drop("_rid")
+
+    def _events_for(self, rule: Rule, hit: pl.DataFrame) -> pl.DataFrame:
+        groups = hit.select(pl.col("line").str.extract_groups(rule.pattern).alias("g")).unnest("g")
+        df = hit
+        for name, dtype in _COLUMN_GROUPS.items():
+            if name not in groups.columns:
+                continue
+            captured = groups[name].str.strip_chars().cast(dtype, strict=False)
+            if name in df.columns:  # a value in the line beats a label from path or prefix
+                df = df.with_columns(pl.coalesce(captured, pl.col(name)).alias(name))
+            else:
+                df = df.with_columns(captured.alias(name))
+        if "ts" in groups.columns:
+            captured_ts = _parse_captured_ts(groups["ts"], df["ts"])
+            own = df["ts_source"] == "line"
+            df = df.with_columns(
+                pl.when(own | captured_ts.is_null()).then(pl.col("ts")).otherwise(captured_ts).alias("ts"),
+                pl.when(own | captured_ts.is_null()).then(pl.col("ts_source")).otherwise(pl.lit("rule")).alias("ts_source"),
+            )
+        attr_cols = [c for c in groups.columns if c not in _COLUMN_GROUPS and c != "ts"]
+        attrs_df = pl.DataFrame([_cast_attr(groups[c]) for c in attr_cols]) if attr_cols else pl.DataFrame()
+        static = rule.attrs
+        attrs_json = []
+        rows = attrs_df.to_dicts() if attr_cols else [{} for _ in range(hit.height)]
+        for row in rows:
+            d = {k: v for k, v in row.items() if v is not None}
+            d.update(static)
+            attrs_json.append(json.dumps(d, sort_keys=True))
+        for name in ("pid", "step", "path"):
+            if name not in df.columns:
+                df = df.with_columns(pl.lit(None, dtype=_COLUMN_GROUPS[name]).alias(name))
+        if rule.path_format:
+            df = df.with_columns(
+                pl.Series("path", [_format_path(rule.path_format, p, s) for p, s in zip(df["path"], df["step"],
+                                                                                         strict=True)],
+                          dtype=pl.Utf8)
+            )
+        df = df.with_columns(
+            pl.col("path").str.strip_chars_end("/.,;:'\"").alias("path"),
+            pl.lit(rule.event).alias("kind"),
+            pl.lit(rule.id).alias("rule_id"),
+            pl.Series("attrs", attrs_json, dtype=pl.Utf8),
+        )
+        df = df.with_columns(pl.Series("dedup_key", _dedup_keys(df), dtype=pl.Utf8))
+        return df.select(["_rid", *EVENT_SCHEMA]).cast({k: v for k, v in EVENT_SCHEMA.items()})  # type: ignore[arg-type]
+
+
+def _format_path(fmt: str, path: str | None, step: int | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        return fmt.format(path=path.rstrip("/"), step=step if step is not None else 0)
+    except (ValueError, KeyError, IndexError):
+        return path
+
+
+def _parse_captured_ts(values: pl.Series, context: pl.Series) -> pl.Series:
+    df = pl.DataFrame({"line": values.fill_null(""), "stream_key": [str(i) for i in range(len(values))],
+                       "mtime": context}, schema={"line": pl.Utf8, "stream_key": pl.Utf8, "mtime": TS})
+    out = timestamps.add_event_time(df)
+    return out.select(pl.when(pl.col("ts_source") == "line").then(pl.col("ts")).alias("ts"))["ts"]
+
+
+def _dedup_keys(df: pl.DataFrame) -> list[str]:
+    """The same worker line read twice (console with ``--tee`` and the per-rank file) gets
+    the same key: job, local rank (else rank), the record text and, when the record has
+    its own time, that time. Records without their own time (tracebacks) key on text alone,
+    because the line before them differs between the two files."""
+    keys = []
+    for job, lr, rank, line, ts, src in df.select("job", "local_rank", "rank", "line", "ts", "ts_source").iter_rows():
+        who = f"l{lr}" if lr is not None else (f"r{rank}" if rank is not None else "-")
+        when = ts.isoformat() if src == "line" and ts is not None else ""
+        keys.append(hashlib.sha256(f"{job}\x1f{who}\x1f{when}\x1f{line}".encode()).hexdigest()[:20])
+    return keys
+
+
+def _example_records(lines: list[str], source_kind: str) -> pl.DataFrame:
+    n = len(lines)
+    return pl.DataFrame(
+        {
+            "source_id": ["example"] * n, "source_kind": [source_kind] * n, "path": ["<example>"] * n,
+            "stream": ["-"] * n, "offset": list(range(n)), "job": [None] * n, "host": [None] * n,
+            "rank": [None] * n, "local_rank": [None] * n, "ts": [None] * n, "ts_source": ["mtime"] * n,
+            "ingest_ts": [None] * n, "line": lines,
+        },
+        schema=RECORD_SCHEMA,
+    )
+
+
+def check_examples(ruleset: RuleSet) -> list[RuleError]:
+    """Run every rule's examples through the whole rule set, as the pipeline would.
+
+    A ``match`` example must produce an event from *this* rule (not an earlier rule that
+    claims the line first) with the ``expect``-ed groups; a ``no_match`` example must not
+    produce an event from this rule; every ``match`` example must contain the prefilter.
+    """
+    errors: list[RuleError] = []
+    for rule in ruleset.rules:
+        kind = rule.sources[0] if rule.sources else "log"
+        lines = [line for line, _ in rule.match_examples]
+        for line in lines:
+            if rule.prefilter not in line:
+                errors.append(RuleError(rule.file, rule.id, f"prefilter {rule.prefilter!r} is not in match example "
+                                                            f"{line[:80]!r}: the rule could never see it"))
+        events = ruleset.apply(_example_records(lines, kind))
+        by_offset = {row["offset"]: row for row in events.iter_rows(named=True)}
+        for i, (line, expect) in enumerate(rule.match_examples):
+            ev = by_offset.get(i)
+            if ev is None:
+                errors.append(RuleError(rule.file, rule.id, f"match example not matched: {line[:120]!r}"))
+                continue
+            if ev["rule_id"] != rule.id:
+                errors.append(RuleError(rule.file, rule.id, f"match example claimed first by rule {ev['rule_id']}: "
+                                                            f"{line[:120]!r}"))
+                continue
+            attrs = json.loads(ev["attrs"])
+            for key, want in expect.items():
+                got = ev.get(key) if key in _COLUMN_GROUPS or key == "ts" else attrs.get(key)
+                if key == "ts" and got is not None:
+                    got = got.isoformat()
+                if str(got) != str(want):
+                    errors.append(RuleError(rule.file, rule.id, f"example {line[:80]!r}: expected {key}={want!r}, "
+                                                                f"got {got!r}"))
+        if rule.no_match_examples:
+            events = ruleset.apply(_example_records(list(rule.no_match_examples), kind))
+            for row in events.filter(pl.col("rule_id") == rule.id).iter_rows(named=True):
+                errors.append(RuleError(rule.file, rule.id, f"no_match example matched: "
+                                                            f"{rule.no_match_examples[row['offset']][:120]!r}"))
+    return errors
+
+
+def check_rule_files(paths: Iterable[str]) -> tuple[int, list[RuleError]]:
+    """Validate rule files: YAML, fields, patterns, ids unique, examples. Returns
+    ``(number of rules checked, errors)``; the packaged packs are loaded alongside so that
+    id clashes and rule-order conflicts with them are found too."""
+    errors: list[RuleError] = []
+    packaged = packaged_rule_files()
+    rules: list[Rule] = []
+    for f in [*packaged, *[p for p in paths if os.path.abspath(p) not in {os.path.abspath(q) for q in packaged}]]:
+        try:
+            rules += load_rule_file(f)
+        except RuleError as e:
+            errors.append(e)
+    good: list[Rule] = []
+    seen: set[str] = set()
+    for r in rules:
+        try:
+            RuleSet([r])
+        except RuleError as e:
+            errors.append(e)
+            continue
+        if r.id in seen:
+            errors.append(RuleError(r.file, r.id, "duplicate id"))
+            continue
+        seen.add(r.id)
+        good.append(r)
+    ruleset = RuleSet(good)
+    errors += check_examples(ruleset)
+    return len(rules), errors
