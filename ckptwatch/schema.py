@@ -24,7 +24,7 @@ TS = pl.Datetime("ns", "UTC")
 RECORD_SCHEMA: dict[str, pl.DataType] = {
     "source_id": pl.Utf8,  # stable id of the file (see ingest.identity)
     "source_kind": pl.Utf8,  # console | worker | kernel | log
-    "path": pl.Utf8,  # file path as read
+    "file": pl.Utf8,  # file path as read
     "stream": pl.Utf8,  # sub-stream inside the file, e.g. "default2" on a torchrun console
     "offset": pl.Int64,  # byte offset of the record's first line in the file
     "job": pl.Utf8,

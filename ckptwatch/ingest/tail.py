@@ -132,7 +132,7 @@ class FileTail:
         out = records.select(
             pl.lit(self.source_id).alias("source_id"),
             pl.lit(lab.source_kind).alias("source_kind"),
-            pl.lit(self.path).alias("path"),
+            pl.lit(self.path).alias("file"),
             pl.col("stream_key").str.split(":").list.get(1).alias("stream"),
             pl.col("offset"),
             pl.lit(self.job, dtype=pl.Utf8).alias("job"),

@@ -291,7 +291,7 @@ def _example_records(lines: list[str], source_kind: str) -> pl.DataFrame:
     n = len(lines)
     return pl.DataFrame(
         {
-            "source_id": ["example"] * n, "source_kind": [source_kind] * n, "path": ["<example>"] * n,
+            "source_id": ["example"] * n, "source_kind": [source_kind] * n, "file": ["<example>"] * n,
             "stream": ["-"] * n, "offset": list(range(n)), "job": [None] * n, "host": [None] * n,
             "rank": [None] * n, "local_rank": [None] * n, "ts": [None] * n, "ts_source": ["mtime"] * n,
             "ingest_ts": [None] * n, "line": lines,

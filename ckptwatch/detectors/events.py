@@ -1,0 +1,89 @@
+"""The detectors' view of an event: a frozen dataclass built from an EVENT_SCHEMA row."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Kinds that are evidence of something going wrong (candidates for root cause or collateral).
+FAILURE_KINDS = frozenset(
+    {"process_exit", "agent_signal", "oom_kill", "collective_timeout", "collective_error", "storage_error",
+     "gpu_xid", "node_lost", "job_failed", "save_error"}
+)
+#: Kinds reported by a host rather than a job (kernel, storage); joined to jobs by host and pid.
+HOST_KINDS = frozenset({"oom_kill", "gpu_xid", "storage_error", "node_lost"})
+
+_SIGNALS = {1: "SIGHUP", 2: "SIGINT", 3: "SIGQUIT", 4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE",
+            9: "SIGKILL", 11: "SIGSEGV", 13: "SIGPIPE", 15: "SIGTERM"}
+
+
+def signal_name(exitcode: int | None) -> str | None:
+    """torchrun reports death by signal N as exit code -N: ``-9`` -> ``"SIGKILL"``."""
+    if exitcode is None or exitcode >= 0:
+        return None
+    return _SIGNALS.get(-exitcode, f"signal {-exitcode}")
+
+
+@dataclass(frozen=True)
+class Ev:
+    """One event. ``ts`` is UTC; ``attrs`` is the decoded JSON object."""
+
+    ts: dt.datetime
+    kind: str
+    job: str | None
+    host: str | None
+    rank: int | None
+    local_rank: int | None
+    pid: int | None
+    step: int | None
+    path: str | None
+    rule_id: str
+    source_id: str
+    offset: int
+    line: str
+    dedup_key: str
+    ts_source: str = "line"
+    source_kind: str = "log"
+    attrs: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Ev:
+        """Build from a dict with EVENT_SCHEMA keys (``attrs`` as a JSON string)."""
+        attrs = row.get("attrs") or "{}"
+        return cls(
+            ts=row["ts"], kind=row["kind"], job=row.get("job"), host=row.get("host"), rank=row.get("rank"),
+            local_rank=row.get("local_rank"), pid=row.get("pid"), step=row.get("step"), path=row.get("path"),
+            rule_id=row["rule_id"], source_id=row["source_id"], offset=row["offset"], line=row["line"],
+            dedup_key=row.get("dedup_key") or f"{row['source_id']}:{row['offset']}",
+            ts_source=row.get("ts_source") or "line", source_kind=row.get("source_kind") or "log",
+            attrs=json.loads(attrs) if isinstance(attrs, str) else dict(attrs),
+        )
+
+    @property
+    def ref(self) -> tuple[str, int]:
+        """``(source_id, offset)``: the event's identity."""
+        return (self.source_id, self.offset)
+
+    @property
+    def exitcode(self) -> int | None:
+        v = self.attrs.get("exitcode")
+        return int(v) if v is not None else None
+
+    @property
+    def signal(self) -> str | None:
+        return self.attrs.get("signal") or signal_name(self.exitcode)
+
+    def first_line(self, limit: int = 240) -> str:
+        """The most telling line of the record: for a traceback, its last exception line."""
+        lines = [x for x in self.line.splitlines() if x.strip()]
+        if not lines:
+            return ""
+        pick = lines[0]
+        if pick.startswith("Traceback") or pick.startswith(("Failures:", "Root Cause", "[")):
+            for x in reversed(lines):
+                if not x.startswith((" ", "\t")) or "exitcode" in x:
+                    pick = x.strip()
+                    break
+        return pick[:limit]

@@ -1,0 +1,127 @@
+"""The Incident contract (DESIGN.md, "Incident") and its deterministic id."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+SEVERITIES = ("info", "warning", "error", "critical")
+
+#: Default severity per incident kind (alert routing reads this; see README).
+DEFAULT_SEVERITY = {
+    "interrupted_save": "critical",
+    "storage_failure_during_save": "critical",
+    "partial_checkpoint": "critical",
+    "stalled_save": "warning",
+    "corrupt_checkpoint": "critical",
+    "poisoned_resume": "critical",
+    "load_failure": "error",
+    "world_size_mismatch": "error",
+    "post_resume_regression": "warning",
+}
+
+
+def incident_id(job: str | None, kind: str, step: int | None, path: str | None) -> str:
+    """``sha256(job|kind|step|path)`` cut to 16 hex digits: the same facts give the same id."""
+    raw = f"{job}|{kind}|{step}|{path}"
+    return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+@dataclass
+class RootCause:
+    """The initiating failure. ``cls`` is one of oom_kill, signal, collective_timeout, node_lost,
+    storage_error, gpu_xid, unknown. ``ts`` is UTC. ``line`` is the initiating log line (or, when
+    the culprit rank printed nothing, the first report that points at it); ``note`` explains."""
+
+    cls: str
+    rank: int | None = None
+    host: str | None = None
+    pid: int | None = None
+    ts: dt.datetime | None = None
+    rule_id: str | None = None
+    line: str | None = None
+    signal: str | None = None
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["class"] = d.pop("cls")
+        d["ts"] = self.ts.isoformat() if self.ts else None
+        return d
+
+
+@dataclass
+class EvidenceItem:
+    """One event cited by an incident: ``(source_id, offset)`` and what a reader needs."""
+
+    source_id: str
+    offset: int
+    ts: dt.datetime
+    kind: str
+    rank: int | None
+    host: str | None
+    rule_id: str
+    line: str
+    role: str  # "root_cause", "collateral", "save", "context"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["ts"] = self.ts.isoformat()
+        return d
+
+
+@dataclass
+class Incident:
+    """One incident. Timestamps are UTC. ``detected_ts`` is wall-clock time of first detection;
+    every other field is a function of the events alone."""
+
+    kind: str
+    job: str | None
+    step: int | None
+    checkpoint_path: str | None
+    root_cause: RootCause | None
+    collateral: list[int]
+    checkpoint_state: dict[str, Any]
+    last_good_checkpoint: dict[str, Any] | None
+    remediation: str
+    first_ts: dt.datetime
+    evidence: list[EvidenceItem] = field(default_factory=list)
+    severity: str = ""
+    status: str = "open"
+    detected_ts: dt.datetime | None = None
+    id: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            self.id = incident_id(self.job, self.kind, self.step, self.checkpoint_path)
+        if not self.severity:
+            self.severity = DEFAULT_SEVERITY.get(self.kind, "error")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (the ``diagnose --json`` incident shape)."""
+        return {
+            "id": self.id,
+            "kind": self.kind,
+            "severity": self.severity,
+            "status": self.status,
+            "job": self.job,
+            "step": self.step,
+            "checkpoint_path": self.checkpoint_path,
+            "root_cause": self.root_cause.to_dict() if self.root_cause else None,
+            "collateral": self.collateral,
+            "checkpoint_state": self.checkpoint_state,
+            "last_good_checkpoint": self.last_good_checkpoint,
+            "remediation": self.remediation,
+            "first_ts": self.first_ts.isoformat(),
+            "detected_ts": self.detected_ts.isoformat() if self.detected_ts else None,
+            "evidence": [e.to_dict() for e in self.evidence],
+        }
+
+    def fingerprint(self) -> str:
+        """Hash of everything but ``detected_ts``: tells whether an update changed anything."""
+        d = self.to_dict()
+        d.pop("detected_ts")
+        return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()

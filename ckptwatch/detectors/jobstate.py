@@ -1,0 +1,84 @@
+"""What is known of one job: its events (deduplicated), rank/pid/host maps, world size.
+
+Events are kept in a dict keyed by ``dedup_key`` so the same worker line read from the
+torchrun console and from the per-rank file counts once; metrics are reduced to the
+last step each rank logged. ``events_sorted()`` gives them in event-time order, ties
+broken by ``(source_id, offset)`` so the order never depends on arrival.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+
+from ckptwatch.detectors.events import Ev
+
+
+@dataclass
+class JobState:
+    """Per-job state. ``job`` is the job id (torchrun run id)."""
+
+    job: str
+    events: dict[str, Ev] = field(default_factory=dict)
+    last_metric_step: dict[int, int] = field(default_factory=dict)
+    last_metric_ev: dict[int, Ev] = field(default_factory=dict)
+    world_size: int | None = None
+    pid_rank: dict[int, int] = field(default_factory=dict)
+    rank_pid: dict[int, int] = field(default_factory=dict)
+    rank_host: dict[int, str] = field(default_factory=dict)
+    local_to_rank: dict[tuple[str | None, int], int] = field(default_factory=dict)
+    max_ts: dt.datetime | None = None
+
+    def add(self, ev: Ev) -> bool:
+        """Record ``ev``; False if it was already known (same dedup key)."""
+        self.max_ts = ev.ts if self.max_ts is None or ev.ts > self.max_ts else self.max_ts
+        self._learn(ev)
+        if ev.kind == "metric":
+            rank = self.rank_of(ev)
+            if rank is not None and ev.step is not None and ev.step >= self.last_metric_step.get(rank, -1):
+                self.last_metric_step[rank] = ev.step
+                self.last_metric_ev[rank] = ev
+            return True
+        if ev.dedup_key in self.events:
+            return False
+        self.events[ev.dedup_key] = ev
+        return True
+
+    def _learn(self, ev: Ev) -> None:
+        if ev.kind == "world_size":
+            ws = ev.attrs.get("world_size")
+            if isinstance(ws, int) and ws > 0:
+                self.world_size = max(self.world_size or 0, ws)
+        if ev.rank is not None:
+            if ev.pid is not None:
+                self.pid_rank[ev.pid] = ev.rank
+                self.rank_pid.setdefault(ev.rank, ev.pid)
+            if ev.host:
+                self.rank_host.setdefault(ev.rank, ev.host)
+            if ev.local_rank is not None:
+                self.local_to_rank[(ev.host, ev.local_rank)] = ev.rank
+
+    def rank_of(self, ev: Ev) -> int | None:
+        """The global rank of an event: its own, else by pid, else by (host, local_rank);
+        on a single-host job a local rank is the rank."""
+        if ev.rank is not None:
+            return ev.rank
+        if ev.pid is not None and ev.pid in self.pid_rank:
+            return self.pid_rank[ev.pid]
+        if ev.local_rank is not None:
+            for key in ((ev.host, ev.local_rank), (None, ev.local_rank)):
+                if key in self.local_to_rank:
+                    return self.local_to_rank[key]
+            hosts = set(self.rank_host.values())
+            if len(hosts) <= 1:
+                return ev.local_rank
+        return None
+
+    def host_of(self, rank: int | None) -> str | None:
+        return self.rank_host.get(rank) if rank is not None else None
+
+    def hosts(self) -> set[str]:
+        return set(self.rank_host.values())
+
+    def events_sorted(self) -> list[Ev]:
+        return sorted(self.events.values(), key=lambda e: (e.ts, e.source_id, e.offset))

@@ -1,0 +1,56 @@
+"""Concrete remediation text for save incidents."""
+
+from __future__ import annotations
+
+from ckptwatch.detectors.incident import RootCause
+
+
+def _where(path: str | None, step: int | None) -> str:
+    return f"step {step} ({path})" if path else f"step {step}"
+
+
+def _cause_advice(root: RootCause | None) -> str:
+    if root is None:
+        return ""
+    host = f" on host {root.host}" if root.host else ""
+    who = f"rank {root.rank}" if root.rank is not None else "the failing process"
+    if root.cls == "oom_kill":
+        return (f"The kernel OOM killer killed {who} (pid {root.pid}){host}: lower host-memory use during "
+                "saves (smaller per-rank state, async/staged save with bounded buffers, fewer dataloader "
+                "workers) or give the job more memory before relaunching.")
+    if root.cls == "signal":
+        if root.signal == "SIGKILL":
+            return (f"{who} (pid {root.pid}){host} was killed by SIGKILL. No OOM-killer line was found in the "
+                    "logs read; the OOM killer is the usual sender of SIGKILL, so check `dmesg -T` / "
+                    "`journalctl -k` on that host around the time, then the scheduler (preemption, "
+                    "time limit) before relaunching.")
+        return f"{who} (pid {root.pid}){host} was killed by {root.signal}: find who sent it (scheduler, operator)."
+    if root.cls == "collective_timeout":
+        return (f"{who}{host} stopped participating in a collective while the others waited. Look at what it "
+                "was doing (its own log, py-spy dump, slow or hung storage on its host) and consider a "
+                "longer process-group timeout for saves on slow storage.")
+    if root.cls == "storage_error":
+        return (f"The storage under the checkpoint failed ({root.line}). Fix it (free space, quota, "
+                "remount NFS, retry the upload) before the next save.")
+    if root.cls == "gpu_xid":
+        return f"A GPU error (NVIDIA Xid){host} killed the save: drain the node and run GPU diagnostics."
+    if root.cls == "node_lost":
+        return f"A node{host} was lost mid-save: drain it and relaunch on healthy nodes."
+    return "The initiating failure is not in the logs read: add the kernel log and every rank's log."
+
+
+def for_save(kind: str, step: int | None, path: str | None, root: RootCause | None,
+             last_good: dict | None) -> str:
+    """What to do about an interrupted / partial / stalled save, concretely."""
+    if last_good:
+        resume = (f"Resume from the last good checkpoint, {_where(last_good.get('path'), last_good['step'])}; "
+                  f"pass it explicitly (do not rely on 'latest' discovery).")
+    else:
+        resume = "No complete earlier checkpoint of this job was seen: restart from scratch or from a verified external checkpoint."
+    bad = (f"Do not resume from {_where(path, step)}: not every rank finished writing it. Move it aside "
+           "(e.g. rename with a .partial suffix) so that 'newest checkpoint' logic cannot pick it up.")
+    if kind == "stalled_save":
+        bad = (f"The save of {_where(path, step)} started but has not finished past the deadline: check the "
+               "ranks that have not finished (py-spy dump, storage health). Until it finishes, it is not a "
+               "checkpoint to resume from.")
+    return " ".join(x for x in (bad, resume, _cause_advice(root)) if x)

@@ -1,0 +1,144 @@
+"""The detector runner: routes events to per-job state, keeps the watermark, and emits
+incidents that are new or changed. It holds no detection logic of its own.
+
+Event time, not arrival time: the watermark is the newest event time seen minus
+``allowed_lateness``; when no event arrives, it moves on with wall time (``now`` passed
+to :meth:`Detector.advance`), so a save on a source that went silent is still concluded.
+Every incident is a function of the events alone, so re-running over the same events
+(after a restart, or in another process) yields the same incidents with the same ids.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ckptwatch.detectors import save_incidents
+from ckptwatch.detectors.events import HOST_KINDS, Ev
+from ckptwatch.detectors.incident import Incident
+from ckptwatch.detectors.jobstate import JobState
+
+UNKNOWN_JOB = "unknown"
+
+
+@dataclass(frozen=True)
+class DetectorConfig:
+    """Seconds: ``allowed_lateness`` behind the newest event time; save windows in ``windows``."""
+
+    allowed_lateness: float = 5.0
+    windows: save_incidents.SaveWindows = field(default_factory=save_incidents.SaveWindows)
+
+
+@dataclass
+class DetectorStats:
+    events: int = 0
+    duplicates: int = 0
+    jobs: int = 0
+
+
+class Detector:
+    """Per-job detection over a stream of events. Feed with :meth:`process`, then call
+    :meth:`advance` to get incidents that are new or changed since the last call."""
+
+    def __init__(self, config: DetectorConfig | None = None) -> None:
+        self.config = config or DetectorConfig()
+        self.jobs: dict[str, JobState] = {}
+        self.host_events: dict[str, Ev] = {}
+        self.max_ts: dt.datetime | None = None
+        self.last_arrival: dt.datetime | None = None
+        self.stats = DetectorStats()
+        self._emitted: dict[str, tuple[str, Incident]] = {}  # id -> (fingerprint, incident)
+        self._by_save: dict[tuple[str | None, int | None], str] = {}  # (job, step) -> incident id
+        self._dirty: set[str] = set()
+
+    def process(self, rows: Iterable[dict[str, Any]], *, now: dt.datetime | None = None) -> None:
+        """Take events (dicts with EVENT_SCHEMA keys, e.g. ``df.iter_rows(named=True)``)."""
+        for row in rows:
+            ev = Ev.from_row(row)
+            self.stats.events += 1
+            self.max_ts = ev.ts if self.max_ts is None or ev.ts > self.max_ts else self.max_ts
+            if ev.job is None and ev.kind in HOST_KINDS:
+                if ev.dedup_key in self.host_events:
+                    self.stats.duplicates += 1
+                self.host_events[ev.dedup_key] = ev
+                self._dirty.update(self.jobs)
+                continue
+            job = ev.job or UNKNOWN_JOB
+            state = self.jobs.get(job)
+            if state is None:
+                state = self.jobs[job] = JobState(job)
+                self.stats.jobs += 1
+            if not state.add(ev):
+                self.stats.duplicates += 1
+            self._dirty.add(job)
+        self.last_arrival = now or dt.datetime.now(dt.timezone.utc)
+
+    def watermark(self, now: dt.datetime | None = None) -> dt.datetime | None:
+        """Newest event time minus the allowed lateness, advanced by idle wall time."""
+        if self.max_ts is None:
+            return None
+        wm = self.max_ts - dt.timedelta(seconds=self.config.allowed_lateness)
+        if now is not None and self.last_arrival is not None and now > self.last_arrival:
+            wm += now - self.last_arrival
+        return wm
+
+    def _host_events_for(self, state: JobState) -> list[Ev]:
+        hosts, pids = state.hosts(), set(state.pid_rank)
+        return sorted(
+            (e for e in self.host_events.values() if (e.host and e.host in hosts) or (e.pid is not None and e.pid in pids)),
+            key=lambda e: (e.ts, e.source_id, e.offset),
+        )
+
+    def advance(self, *, final: bool = False, now: dt.datetime | None = None) -> list[Incident]:
+        """Evaluate jobs and return incidents that are new or changed (``detected_ts`` set
+        on first emission). With ``final=True`` the input is complete: nothing is held
+        back for late evidence."""
+        wm = self.max_ts if final else self.watermark(now)
+        if wm is None:
+            return []
+        wall = now or dt.datetime.now(dt.timezone.utc)
+        changed: list[Incident] = []
+        for job in sorted(self._dirty if not final else set(self.jobs)):
+            state = self.jobs[job]
+            found = save_incidents.evaluate(state, self._host_events_for(state), wm, final=final,
+                                            windows=self.config.windows)
+            still_open = False
+            for inc in found:
+                changed += self._emit(inc, wall)
+                still_open = still_open or inc.kind == "stalled_save"
+            if not final and (still_open or self._has_open_save(state, found)):
+                continue  # keep evaluating as the watermark moves
+            self._dirty.discard(job)
+        return changed
+
+    @staticmethod
+    def _has_open_save(state: JobState, found: list[Incident]) -> bool:
+        concluded = {i.step for i in found}
+        starts = {e.step for e in state.events.values() if e.kind == "save_start"}
+        ends = {e.step for e in state.events.values() if e.kind == "save_end"}
+        return bool(starts - ends - concluded)
+
+    def _emit(self, inc: Incident, wall: dt.datetime) -> list[Incident]:
+        out: list[Incident] = []
+        key = (inc.job, inc.step)
+        prev_id = self._by_save.get(key)
+        if prev_id and prev_id != inc.id and prev_id in self._emitted:
+            _, old = self._emitted[prev_id]
+            if old.status != "superseded":
+                old.status = "superseded"
+                out.append(old)
+        self._by_save[key] = inc.id
+        fp = inc.fingerprint()
+        prev = self._emitted.get(inc.id)
+        if prev is not None and prev[0] == fp:
+            return out
+        inc.detected_ts = prev[1].detected_ts if prev else wall
+        self._emitted[inc.id] = (fp, inc)
+        out.append(inc)
+        return out
+
+    def incidents(self) -> list[Incident]:
+        """Every incident emitted so far (latest version), by first_ts."""
+        return sorted((i for _, i in self._emitted.values()), key=lambda i: (i.first_ts, i.id))

@@ -1,0 +1,129 @@
+"""Save incidents: ``interrupted_save``, ``storage_failure_during_save``,
+``partial_checkpoint`` and ``stalled_save``.
+
+For each save of a job (see :mod:`.saves`) that is not complete:
+
+* failures around it (from ``pre_window`` before its first start onwards, while it is
+  unfinished) make it **interrupted** (or a **storage failure during save** when the
+  root cause is a storage error), once the evidence has settled: the watermark is
+  ``settle`` past the last failure, or the input is final;
+* with no failure, if the ranks that did not finish went on without it while others
+  finished (or a rank reported a save error), it is a **partial checkpoint**;
+* with no failure and no conclusion, once the watermark is ``stall_after`` past its
+  start it is **stalled**.
+
+Each incident names the last good checkpoint: the newest earlier step whose save
+completed on every expected rank.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+from ckptwatch.detectors import remediation
+from ckptwatch.detectors.cause import attribute
+from ckptwatch.detectors.events import FAILURE_KINDS, Ev
+from ckptwatch.detectors.incident import EvidenceItem, Incident
+from ckptwatch.detectors.jobstate import JobState
+from ckptwatch.detectors.saves import SaveState, saves_of
+
+
+@dataclass(frozen=True)
+class SaveWindows:
+    """Time windows in seconds."""
+
+    pre_window: float = 60.0  # failures this long before a save's start still count
+    settle: float = 30.0  # wait this long after the last failure for late evidence
+    stall_after: float = 1800.0  # a save with no end and no failure is stalled after this
+
+
+def _evidence(items: list[tuple[Ev, str]], state: JobState) -> list[EvidenceItem]:
+    seen: set[tuple[str, int]] = set()
+    out = []
+    for ev, role in sorted(items, key=lambda x: (x[0].ts, x[0].source_id, x[0].offset)):
+        if ev.ref in seen:
+            continue
+        seen.add(ev.ref)
+        rank = state.rank_of(ev)
+        out.append(EvidenceItem(source_id=ev.source_id, offset=ev.offset, ts=ev.ts, kind=ev.kind, rank=rank,
+                                host=ev.host or state.host_of(rank), rule_id=ev.rule_id,
+                                line=ev.first_line(), role=role))
+    return out
+
+
+def _last_good(saves: dict[int, SaveState], step: int) -> dict | None:
+    good = [s for s in saves.values() if s.step < step and s.complete]
+    if not good:
+        return None
+    best = max(good, key=lambda s: s.step)
+    return {"step": best.step, "path": best.path}
+
+
+def evaluate(
+    state: JobState,
+    host_events: list[Ev],
+    watermark: dt.datetime,
+    *,
+    final: bool,
+    windows: SaveWindows = SaveWindows(),
+) -> list[Incident]:
+    """Incidents of the job's saves as of ``watermark`` (UTC). ``host_events`` are kernel /
+    storage events of the job's hosts (already joined by host or pid)."""
+    events = state.events_sorted()
+    saves = saves_of(state, events)
+    job_failures = [e for e in events if e.kind in FAILURE_KINDS]
+    out: list[Incident] = []
+    for step in sorted(saves):
+        s = saves[step]
+        if s.complete or s.first_ts is None:
+            continue
+        start = s.first_ts - dt.timedelta(seconds=windows.pre_window)
+        failures = sorted(
+            [e for e in job_failures if e.ts >= start] + [e for e in host_events if e.ts >= start],
+            key=lambda e: (e.ts, e.source_id, e.offset),
+        )
+        # failures that belong to a later save's window are that save's business
+        later = [x.first_ts for x in saves.values() if x.step > step and x.first_ts is not None]
+        if later:
+            failures = [e for e in failures if e.ts < min(later)]
+        save_items = [(e, "save") for e in (*s.started.values(), *s.finished.values(), *s.failed.values())]
+        last_good = _last_good(saves, step)
+        deaths = [e for e in failures if e.kind not in ("save_error", "job_failed")]
+        settle = dt.timedelta(seconds=windows.settle)
+        if deaths or any(e.kind == "job_failed" for e in failures):
+            settled = final or watermark >= failures[-1].ts + settle or any(e.kind == "job_failed" for e in failures)
+            if not settled:
+                continue
+            att = attribute(deaths or failures, state, s.expected)
+            assert att is not None
+            kind = "storage_failure_during_save" if att.root.cls == "storage_error" else "interrupted_save"
+            items = save_items + [(e, "root_cause") for e in att.root_events] + [
+                (e, "collateral") for e in att.collateral_events]
+            out.append(_incident(kind, state, s, att.root, att.collateral, last_good, items,
+                                 min(s.first_ts, att.root.ts or s.first_ts)))
+        elif s.failed or (s.missing and s.done_ranks and _went_on(state, s)):
+            if not (final or watermark >= s.first_ts + settle):
+                continue
+            att = attribute(list(s.failed.values()), state, s.expected)
+            root = att.root if att else None
+            out.append(_incident("partial_checkpoint", state, s, root, att.collateral if att else [], last_good,
+                                 save_items, s.first_ts))
+        elif watermark - s.first_ts >= dt.timedelta(seconds=windows.stall_after):
+            out.append(_incident("stalled_save", state, s, None, [], last_good, save_items, s.first_ts))
+    return out
+
+
+def _incident(kind: str, state: JobState, s: SaveState, root, collateral: list[int], last_good: dict | None,
+              items: list[tuple[Ev, str]], first_ts: dt.datetime) -> Incident:
+    return Incident(
+        kind=kind, job=state.job, step=s.step, checkpoint_path=s.path, root_cause=root, collateral=collateral,
+        checkpoint_state=s.state_dict(), last_good_checkpoint=last_good,
+        remediation=remediation.for_save(kind, s.step, s.path, root, last_good), first_ts=first_ts,
+        evidence=_evidence(items, state),
+    )
+
+
+def _went_on(state: JobState, s: SaveState) -> bool:
+    """Some rank that finished this save has logged a later step: the job moved on."""
+    return any(state.last_metric_step.get(r, -1) > s.step for r in s.finished)
