@@ -55,6 +55,7 @@ class FileTail:
         offset: int = 0,
         boot_time: dt.datetime | None = None,
         max_line_bytes: int = reader.DEFAULT_MAX_LINE_BYTES,
+        flush_after: float = 2.0,
     ) -> None:
         self.path = path
         self.labels = layout.labels_for(path, template)
@@ -66,6 +67,8 @@ class FileTail:
         self.held = pl.DataFrame()
         self.carry: dict[str, dt.datetime] = {}
         self.stats = TailStats()
+        self.flush_after = flush_after
+        self._last_growth: dt.datetime | None = None
 
     @property
     def committed_offset(self) -> int:
@@ -80,6 +83,8 @@ class FileTail:
         Args:
             final: the file will not grow (``diagnose``, ``run --once``): emit everything,
                 including a last line without newline and the last record of each stream.
+                Without it, the last record of each stream is held back until the next
+                line, or until the file has not grown for ``flush_after`` seconds.
             ingest_ts: wall-clock time of this read (UTC); defaults to now.
 
         Raises:
@@ -116,8 +121,11 @@ class FileTail:
                 [pl.lit(self.source_id + ":"), pl.col("prefix_local_rank").cast(pl.Utf8).fill_null("-")]
             ).alias("stream_key")
         )
+        if res.lines or self._last_growth is None:
+            self._last_growth = now
+        idle = (now - self._last_growth).total_seconds() >= self.flush_after
         lines = pl.concat([self.held, new], how="diagonal_relaxed") if not self.held.is_empty() else new
-        records, self.held = multiline.group_lines(lines, final=final)
+        records, self.held = multiline.group_lines(lines, final=final or idle)
         if records.is_empty():
             return pl.DataFrame(schema=RECORD_SCHEMA)
         records = records.with_columns(pl.lit(mtime).cast(TS).alias("mtime"))

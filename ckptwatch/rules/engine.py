@@ -25,7 +25,7 @@ no look-around, no back-references). A record is a line or a multiline group joi
 
 Named groups ``job``, ``host``, ``rank``, ``local_rank``, ``pid``, ``step``, ``path`` and
 ``ts`` fill the event columns of the same name (a captured ``ts`` replaces a record time
-that was only inherited); every other group goes into ``attrs`` (as an integer or float
+only when the record had none of its own nor an earlier line's to inherit); every other group goes into ``attrs`` (as an integer or float
 when every captured value is one).
 
 Matching is vectorized: per rule, a literal ``str.contains`` prefilter over the batch,
@@ -225,7 +225,7 @@ class RuleSet:
                 df = df.with_columns(captured.alias(name))
         if "ts" in groups.columns:
             captured_ts = _parse_captured_ts(groups["ts"], df["ts"])
-            own = df["ts_source"] == "line"
+            own = df["ts_source"] != "mtime"  # a captured time only replaces a guessed one
             df = df.with_columns(
                 pl.when(own | captured_ts.is_null()).then(pl.col("ts")).otherwise(captured_ts).alias("ts"),
                 pl.when(own | captured_ts.is_null()).then(pl.col("ts_source")).otherwise(pl.lit("rule")).alias("ts_source"),

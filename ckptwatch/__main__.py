@@ -1,0 +1,3 @@
+from ckptwatch.cli import main
+
+main()

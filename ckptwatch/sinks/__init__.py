@@ -1,0 +1,1 @@
+"""Sinks: where incidents and their evidence go (DuckDB, the console report)."""

@@ -1,0 +1,130 @@
+"""DuckDB store: events (with their source and offset), source offsets, incidents and
+their evidence, in one database file.
+
+Tables (timestamps are ``TIMESTAMPTZ``, UTC):
+
+* ``events``: EVENT_SCHEMA; primary key ``(source_id, offset)``: re-reading the same
+  bytes inserts nothing.
+* ``sources``: ``source_id`` -> ``file``, ``committed_offset``: where tailing resumes.
+  Written in the same transaction as the events read up to it.
+* ``incidents``: one row per incident id (upsert; ``detected_ts`` keeps its first value);
+  root cause and last good checkpoint flattened into columns for SQL, the full shapes
+  as JSON.
+* ``incident_evidence``: ``(incident_id, seq)`` -> the cited event's
+  ``(source_id, offset)``, role, time, rank and line.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Iterable
+
+import duckdb
+import polars as pl
+
+from ckptwatch.detectors.incident import Incident
+from ckptwatch.schema import EVENT_SCHEMA
+
+_DDL = """
+CREATE TABLE IF NOT EXISTS events (
+    ts TIMESTAMPTZ, ts_source VARCHAR, job VARCHAR, host VARCHAR, rank INTEGER, local_rank INTEGER,
+    pid BIGINT, kind VARCHAR, step BIGINT, path VARCHAR, rule_id VARCHAR, attrs JSON,
+    source_id VARCHAR NOT NULL, source_kind VARCHAR, "offset" BIGINT NOT NULL, line VARCHAR, dedup_key VARCHAR,
+    PRIMARY KEY (source_id, "offset"));
+CREATE TABLE IF NOT EXISTS sources (
+    source_id VARCHAR PRIMARY KEY, file VARCHAR, committed_offset BIGINT, updated_ts TIMESTAMPTZ);
+CREATE TABLE IF NOT EXISTS incidents (
+    id VARCHAR PRIMARY KEY, kind VARCHAR, severity VARCHAR, status VARCHAR, job VARCHAR, step BIGINT,
+    checkpoint_path VARCHAR, root_cause_class VARCHAR, root_rank INTEGER, root_host VARCHAR, root_pid BIGINT,
+    root_ts TIMESTAMPTZ, root_line VARCHAR, root_cause JSON, collateral INTEGER[], checkpoint_state JSON,
+    last_good_step BIGINT, last_good_path VARCHAR, remediation VARCHAR, first_ts TIMESTAMPTZ,
+    detected_ts TIMESTAMPTZ, updated_ts TIMESTAMPTZ);
+CREATE TABLE IF NOT EXISTS incident_evidence (
+    incident_id VARCHAR, seq INTEGER, source_id VARCHAR, "offset" BIGINT, role VARCHAR, ts TIMESTAMPTZ,
+    kind VARCHAR, rank INTEGER, host VARCHAR, rule_id VARCHAR, line VARCHAR,
+    PRIMARY KEY (incident_id, seq));
+"""
+
+_EVENT_COLS = ", ".join(f'"{c}"' for c in EVENT_SCHEMA)
+
+
+class Store:
+    """A DuckDB database file (``":memory:"`` works too). Raises duckdb.Error when the file
+    cannot be opened (e.g. locked by another process)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.con = duckdb.connect(path)
+        self.con.execute(_DDL)
+
+    def close(self) -> None:
+        self.con.close()
+
+    def commit_batch(self, events: pl.DataFrame, offsets: Iterable[tuple[str, str, int]]) -> int:
+        """Insert events (EVENT_SCHEMA) and the sources' committed offsets
+        ``(source_id, file, offset)`` in one transaction. Returns the number of new events."""
+        now = dt.datetime.now(dt.timezone.utc)
+        self.con.execute("BEGIN")
+        try:
+            before = self.con.execute("SELECT count(*) FROM events").fetchone()[0]
+            if not events.is_empty():
+                arrow = events.select(list(EVENT_SCHEMA)).to_arrow()  # noqa: F841 (read by DuckDB)
+                self.con.execute(f"INSERT OR IGNORE INTO events ({_EVENT_COLS}) SELECT {_EVENT_COLS} FROM arrow")
+            rows = [(sid, f, off, now) for sid, f, off in offsets]
+            if rows:
+                self.con.executemany("INSERT OR REPLACE INTO sources VALUES (?, ?, ?, ?)", rows)
+            after = self.con.execute("SELECT count(*) FROM events").fetchone()[0]
+            self.con.execute("COMMIT")
+        except Exception:
+            self.con.execute("ROLLBACK")
+            raise
+        return after - before
+
+    def committed_offsets(self) -> dict[str, int]:
+        """``source_id`` -> offset from which tailing resumes."""
+        return dict(self.con.execute("SELECT source_id, committed_offset FROM sources").fetchall())
+
+    def events(self) -> pl.DataFrame:
+        """All stored events (EVENT_SCHEMA), in ``(ts, source_id, offset)`` order."""
+        df = self.con.sql(f'SELECT {_EVENT_COLS} FROM events ORDER BY ts, source_id, "offset"').pl()
+        return df.with_columns(pl.col("attrs").cast(pl.Utf8)).cast(EVENT_SCHEMA)  # type: ignore[arg-type]
+
+    def upsert_incidents(self, incidents: Iterable[Incident]) -> int:
+        """Insert or update incidents and replace their evidence rows; returns how many."""
+        now = dt.datetime.now(dt.timezone.utc)
+        n = 0
+        self.con.execute("BEGIN")
+        try:
+            for inc in incidents:
+                rc = inc.root_cause
+                lg = inc.last_good_checkpoint or {}
+                self.con.execute(
+                    """INSERT INTO incidents VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
+                       ON CONFLICT (id) DO UPDATE SET kind=excluded.kind, severity=excluded.severity,
+                       status=excluded.status, job=excluded.job, step=excluded.step,
+                       checkpoint_path=excluded.checkpoint_path, root_cause_class=excluded.root_cause_class,
+                       root_rank=excluded.root_rank, root_host=excluded.root_host, root_pid=excluded.root_pid,
+                       root_ts=excluded.root_ts, root_line=excluded.root_line, root_cause=excluded.root_cause,
+                       collateral=excluded.collateral, checkpoint_state=excluded.checkpoint_state,
+                       last_good_step=excluded.last_good_step, last_good_path=excluded.last_good_path,
+                       remediation=excluded.remediation, first_ts=excluded.first_ts,
+                       updated_ts=excluded.updated_ts""",
+                    [inc.id, inc.kind, inc.severity, inc.status, inc.job, inc.step, inc.checkpoint_path,
+                     rc.cls if rc else None, rc.rank if rc else None, rc.host if rc else None,
+                     rc.pid if rc else None, rc.ts if rc else None, rc.line if rc else None,
+                     json.dumps(rc.to_dict()) if rc else None, inc.collateral,
+                     json.dumps(inc.checkpoint_state), lg.get("step"), lg.get("path"), inc.remediation,
+                     inc.first_ts, inc.detected_ts or now, now],
+                )
+                self.con.execute("DELETE FROM incident_evidence WHERE incident_id = ?", [inc.id])
+                rows = [(inc.id, i, e.source_id, e.offset, e.role, e.ts, e.kind, e.rank, e.host, e.rule_id, e.line)
+                        for i, e in enumerate(inc.evidence)]
+                if rows:
+                    self.con.executemany("INSERT INTO incident_evidence VALUES (?,?,?,?,?,?,?,?,?,?,?)", rows)
+                n += 1
+            self.con.execute("COMMIT")
+        except Exception:
+            self.con.execute("ROLLBACK")
+            raise
+        return n

@@ -1,0 +1,87 @@
+"""Human-readable and JSON reports of incidents (``ckptwatch diagnose``, console channel).
+
+The text report is meant to be read in ten seconds: what, where, who first, who else,
+what is on disk, what to resume from, what to do, and a short per-rank timeline.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+
+from ckptwatch.detectors.incident import Incident
+
+_SEV_STYLE = {"critical": "bold red", "error": "red", "warning": "yellow", "info": "cyan"}
+TIMELINE_MAX = 14
+
+
+def _ranks(rs: list[int]) -> str:
+    return ", ".join(str(r) for r in rs) if rs else "none"
+
+
+def _ts(t: Any) -> str:
+    return t.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC" if t is not None else "?"
+
+
+def timeline(inc: Incident, limit: int = TIMELINE_MAX) -> list[str]:
+    """A compact per-rank timeline of the evidence: root cause and collateral first, then
+    save lines, in time order; at most ``limit`` lines."""
+    ev = inc.evidence
+    keep = [e for e in ev if e.role in ("root_cause", "collateral")]
+    rest = [e for e in ev if e.role not in ("root_cause", "collateral")]
+    chosen = sorted((keep + rest)[:limit], key=lambda e: (e.ts, e.source_id, e.offset))
+    out = []
+    for e in chosen:
+        who = f"rank {e.rank}" if e.rank is not None else (e.host or "agent")
+        mark = "*" if e.role == "root_cause" else " "
+        out.append(f"{mark}{e.ts.strftime('%H:%M:%S.%f')[:-3]}  {who:<8} {e.kind:<18} {e.line[:110]}")
+    if len(ev) > limit:
+        out.append(f"  … {len(ev) - limit} more evidence lines (see --json or the incident_evidence table)")
+    return out
+
+
+def render_text(incidents: list[Incident], console: Console, stats: dict[str, Any] | None = None) -> None:
+    """Print incidents (and a stats footer) to ``console``."""
+    if not incidents:
+        console.print("[green]No incident found.[/green]")
+    for inc in incidents:
+        rc = inc.root_cause
+        style = _SEV_STYLE.get(inc.severity, "")
+        console.print(f"[{style}]{inc.severity.upper()}[/{style}] [bold]{inc.kind}[/bold]  job {escape(str(inc.job))}  "
+                      f"step {inc.step}  [dim]id {inc.id} · {inc.status}[/dim]")
+        console.print(f"  checkpoint   {escape(str(inc.checkpoint_path))}")
+        if rc:
+            sig = f" ({rc.signal})" if rc.signal else ""
+            console.print(f"  root cause   [bold]{rc.cls}{sig}[/bold] on rank {rc.rank}, host {rc.host}, pid {rc.pid}, "
+                          f"at {_ts(rc.ts)}")
+            if rc.line:
+                console.print(f"               [dim]{escape(rc.line[:160])}[/dim]")
+            if rc.note:
+                console.print(f"               {escape(rc.note)}")
+        console.print(f"  collateral   ranks {_ranks(inc.collateral)}")
+        cs = inc.checkpoint_state
+        if cs:
+            console.print(f"  shards       expected ranks {_ranks(cs.get('expected_ranks', []))}; finished: "
+                          f"{_ranks(cs.get('finished', []))}; started, not finished: "
+                          f"{_ranks(cs.get('started_not_finished', []))}; not started: {_ranks(cs.get('not_started', []))}")
+        lg = inc.last_good_checkpoint
+        console.print(f"  last good    {('step ' + str(lg['step']) + '  ' + str(lg.get('path'))) if lg else 'none seen'}")
+        console.print(f"  do this      {escape(inc.remediation)}")
+        console.print("  timeline")
+        for line in timeline(inc):
+            console.print(f"    {escape(line)}", soft_wrap=True)
+        console.print()
+    if stats:
+        skipped = ", ".join(f"{k} {v}" for k, v in stats.get("skipped", {}).items()) or "none"
+        console.print(f"[dim]{stats.get('files', 0)} files, {stats.get('lines', 0)} lines, {stats.get('events', 0)} events "
+                      f"({stats.get('duplicate_events', 0)} seen twice), skipped: {skipped}[/dim]")
+        for err in stats.get("errors", []):
+            console.print(f"[yellow]warning:[/yellow] {escape(err)}")
+
+
+def render_json(incidents: list[Incident], stats: dict[str, Any]) -> str:
+    """``{"incidents": [...], "stats": {...}}`` as documented in the README."""
+    return json.dumps({"incidents": [i.to_dict() for i in incidents], "stats": stats}, indent=2, default=str)
