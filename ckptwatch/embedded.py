@@ -60,8 +60,9 @@ class EmbeddedRunner:
                 continue
             if known is not None and (known.source_id is None or known.source_id == sid):
                 continue
+            offset, job = self._committed.get(sid, (0, None)) if sid else (0, None)
             tail = FileTail(found.path, template=self.options.template, boot_time=self.options.boot_time,
-                            offset=self._committed.get(sid, 0) if sid else 0)
+                            offset=offset, job=job)
             self.tails[found.path] = tail
         self.stats.files = len(self.tails)
 
@@ -75,11 +76,11 @@ class EmbeddedRunner:
         self._discover()
         tails = list(self.tails.values())
         before = len(self.stats.errors)
-        records = poll_tails(tails, self.stats, final=final)
+        records = poll_tails(tails, self.stats, final=final, now=now)
         for msg in self.stats.errors[before:]:
             self._reported_errors.add(msg)
         events = extract_events(self.rules, records, self.stats)
-        offsets = [(t.source_id, t.path, t.committed_offset) for t in tails if t.source_id]
+        offsets = [(t.source_id, t.path, t.committed_offset, t.job) for t in tails if t.source_id]
         self.store.commit_batch(events, offsets)
         if not events.is_empty():
             self.detector.process(events.iter_rows(named=True), now=now)

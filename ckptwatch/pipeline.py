@@ -62,7 +62,8 @@ class PipelineOptions:
     detector: DetectorConfig = field(default_factory=DetectorConfig)
 
 
-def poll_tails(tails: Iterable[FileTail], stats: Stats, *, final: bool) -> pl.DataFrame:
+def poll_tails(tails: Iterable[FileTail], stats: Stats, *, final: bool,
+               now: dt.datetime | None = None) -> pl.DataFrame:
     """Poll every tail once; returns the concatenated records. A file that cannot be read
     is reported in ``stats.errors`` and skipped; the others go on."""
     frames = []
@@ -70,7 +71,7 @@ def poll_tails(tails: Iterable[FileTail], stats: Stats, *, final: bool) -> pl.Da
         before_lines, before_skip = t.stats.lines, dict(t.stats.skipped)
         before_utf8 = t.stats.invalid_utf8
         try:
-            recs = t.poll(final=final)
+            recs = t.poll(final=final, ingest_ts=now)
         except InputError as e:
             stats.errors.append(str(e))
             stats.skip("unreadable_file")

@@ -10,13 +10,13 @@ A line continues the previous one when it
   torchrun's ``  time : …`` / ``  rank : …`` fields;
 * is a DCP per-rank sub-traceback header ``Traceback (most recent call last): (RANK n)``;
 * is a chained-exception separator (``During handling of the above exception…``,
-  ``The above exception was the direct cause…``);
+  ``The above exception was the direct cause…``), or the traceback right after one;
 * is an exception line (``FileNotFoundError: …``, ``torch…CheckpointException: …``)
   right after an indented line;
 * is a torchrun failure entry ``[N]:`` right after ``Failures:`` or
   ``Root Cause (first observed failure):``.
 
-A new ``Traceback (most recent call last):`` always starts a record. The last record of
+Any other ``Traceback (most recent call last):`` starts a record. The last record of
 each stream may still grow while a file is being written; callers hold it back (see
 :func:`group_lines` ``final``).
 """
@@ -35,10 +35,12 @@ _SECTION = r"^(?:Failures:|Root Cause \(first observed failure\):)\s*$"
 def continues_previous(line: pl.Expr, prev: pl.Expr) -> pl.Expr:
     """Boolean expression: ``line`` belongs to the record that ``prev`` is in."""
     indented = line.str.contains(r"^[ \t]")
-    prev_indented = prev.str.contains(r"^[ \t]").fill_null(False)
+    prev_indented = prev.str.contains(r"^[ \t]|^Traceback \(most recent call last\)").fill_null(False)
+    prev_chain = prev.str.contains(r"^(?:During handling of the above|The above exception was)").fill_null(False)
     return (
         indented
         | line.str.starts_with("Traceback (most recent call last): (RANK")
+        | (prev_chain & line.str.starts_with("Traceback (most recent call last)"))
         | line.str.starts_with("During handling of the above exception")
         | line.str.starts_with("The above exception was the direct cause")
         | (prev_indented & line.str.contains(_EXC_LINE))

@@ -56,10 +56,11 @@ class FileTail:
         boot_time: dt.datetime | None = None,
         max_line_bytes: int = reader.DEFAULT_MAX_LINE_BYTES,
         flush_after: float = 2.0,
+        job: str | None = None,
     ) -> None:
         self.path = path
         self.labels = layout.labels_for(path, template)
-        self.job = self.labels.job
+        self.job = self.labels.job or job  # ``job``: learned from the file's lines before a restart
         self.offset = offset
         self.source_id: str | None = None
         self.boot_time = boot_time

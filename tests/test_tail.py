@@ -1,0 +1,69 @@
+"""Tailing: lines appended in pieces, a last line without its newline, restarts from the
+committed offset, and the embedded runner turning a growing log into an incident."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import duckdb
+
+from ckptwatch.embedded import EmbeddedRunner
+from ckptwatch.ingest.tail import FileTail
+from conftest import CORPUS
+
+SIGKILL_CONSOLE = CORPUS / "02-sigkill-mid-save/logs/attempt-1-train/console.log"
+
+
+def test_partial_last_line_waits_for_its_newline(tmp_path):
+    p = tmp_path / "r.log"
+    p.write_text("2026-11-30 10:00:00,000 INFO a\n2026-11-30 10:00:01,000 INFO b")
+    t = FileTail(str(p), flush_after=0)
+    assert t.poll()["line"].to_list() == ["2026-11-30 10:00:00,000 INFO a"]
+    with p.open("a") as f:
+        f.write(" continued\n")
+    assert t.poll()["line"].to_list() == ["2026-11-30 10:00:01,000 INFO b continued"]
+
+
+def test_restart_from_committed_offset_loses_and_repeats_nothing(tmp_path):
+    src = SIGKILL_CONSOLE.read_bytes()
+    p = tmp_path / "console.log"
+    seen: list[int] = []
+    t = FileTail(str(p), flush_after=3600)
+    for i, cut in enumerate(range(0, len(src) + 1, 7001)):
+        p.write_bytes(src[: min(cut + 7001, len(src))])
+        if i == 3:  # "kill -9" the tail: a new one resumes from what was committed
+            t = FileTail(str(p), offset=t.committed_offset, flush_after=3600)
+            seen = [o for o in seen if o < t.offset]
+        seen += t.poll()["offset"].to_list()
+    seen += t.poll(final=True)["offset"].to_list()
+    whole = FileTail(str(p)).poll(final=True)["offset"].to_list()
+    assert sorted(seen) == whole and len(seen) == len(set(seen))
+
+
+def test_embedded_runner_detects_as_the_log_grows_and_survives_restart(tmp_path, copy_scenario):
+    src = copy_scenario("02-sigkill-mid-save", "attempt-1-train")
+    logs = tmp_path / "live"
+    (logs / "torchrun_logs").mkdir(parents=True)
+    console = src / "console.log"
+    data = console.read_bytes()
+    cut = data.index(b"W1130 10:21:21.501000")
+    (logs / "console.log").write_bytes(data[:cut])
+    db = tmp_path / "live.duckdb"
+    now = dt.datetime(2026, 11, 30, 10, 21, 22, tzinfo=dt.timezone.utc)
+    r = EmbeddedRunner(str(logs), str(db))
+    assert r.cycle(now=now) == []
+    r.close()
+    with (logs / "console.log").open("ab") as f:
+        f.write(data[cut:])
+    r = EmbeddedRunner(str(logs), str(db))  # restart: resumes at the committed offset
+    changed = r.cycle(now=now + dt.timedelta(seconds=2))
+    changed += r.cycle(now=now + dt.timedelta(seconds=120))  # idle: watermark moves with wall time
+    r.close()
+    assert [(i.kind, i.step, i.root_cause.rank) for i in changed] == [("interrupted_save", 40, 2)]
+    con = duckdb.connect(str(db))
+    n_events, n_unique = con.execute('SELECT count(*), count(DISTINCT (source_id, "offset")) FROM events').fetchone()
+    assert n_events == n_unique
+    whole = EmbeddedRunner(str(logs), str(tmp_path / "whole.duckdb"))  # the same bytes, read in one go
+    whole.cycle(final=True)
+    expected = whole.store.con.execute("SELECT count(*) FROM events").fetchone()[0]
+    assert n_events == expected
