@@ -59,7 +59,8 @@ class Detector:
             ev = Ev.from_row(row)
             self.stats.events += 1
             self.max_ts = ev.ts if self.max_ts is None or ev.ts > self.max_ts else self.max_ts
-            if ev.job is None and ev.kind in HOST_KINDS:
+            if ev.kind in HOST_KINDS and ev.rank is None and ev.local_rank is None:
+                # a kernel / storage line, whatever file it came from: joined to jobs by host and pid
                 if ev.dedup_key in self.host_events:
                     self.stats.duplicates += 1
                 self.host_events[ev.dedup_key] = ev
