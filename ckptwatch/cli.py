@@ -76,10 +76,10 @@ def diagnose_cmd(
         incidents, stats = diagnose(paths, options)
     except RuleError as e:
         raise _fail(str(e)) from None
-    if stats.files == 0:
+    if stats.files == 0 or stats.files == stats.skipped.get("unreadable_file", 0):
         for msg in stats.errors:
             _err.print(f"[red]error:[/red] {msg}", soft_wrap=True)
-        raise _fail("no log file to read in " + ", ".join(paths))
+        raise _fail("no readable log file in " + ", ".join(paths))
     if as_json:
         sys.stdout.write(report.render_json(incidents, stats.to_dict()) + "\n")
         for msg in stats.errors:

@@ -77,7 +77,10 @@ def poll_tails(tails: Iterable[FileTail], stats: Stats, *, final: bool,
             stats.skip("unreadable_file")
             continue
         stats.lines += t.stats.lines - before_lines
-        stats.invalid_utf8 += t.stats.invalid_utf8 - before_utf8
+        bad_utf8 = t.stats.invalid_utf8 - before_utf8
+        stats.invalid_utf8 += bad_utf8
+        if bad_utf8:
+            stats.errors.append(f"{t.path}: {bad_utf8} line(s) with invalid UTF-8, read with replacement characters")
         for reason, n in t.stats.skipped.items():
             if n - before_skip.get(reason, 0):
                 stats.skip(reason, n - before_skip.get(reason, 0))

@@ -29,6 +29,7 @@ def test_binary_file_invalid_utf8_and_huge_line_beside_real_logs(tmp_path, copy_
     assert stats.skipped["line_too_long"] == 1
     assert stats.skipped["unreadable_file"] == 1
     assert any("core.dump.log: binary data" in e for e in stats.errors)
+    assert any("stdout.log: 1 line(s) with invalid UTF-8" in e for e in stats.errors)
     out = cli("diagnose", logs)
     assert out.returncode == 1 and "Traceback" not in out.stderr + out.stdout
     assert "binary data" in out.stdout + out.stderr
@@ -40,7 +41,11 @@ def test_missing_path_empty_dir_and_broken_symlink(tmp_path):
     out = cli("diagnose", tmp_path / "nope")
     assert out.returncode == 2 and "nope: does not exist" in out.stderr
     out = cli("diagnose", tmp_path / "empty")
-    assert out.returncode == 2 and "no log file to read" in out.stderr
+    assert out.returncode == 2 and "no readable log file" in out.stderr
+    (tmp_path / "only").mkdir()
+    (tmp_path / "only" / "x.log").write_bytes(b"\x00\x01" * 5000)
+    out = cli("diagnose", tmp_path / "only")
+    assert out.returncode == 2 and "binary data" in out.stderr and "no readable log file" in out.stderr
     out = cli("diagnose", tmp_path / "dangling.log", SIGKILL_RUN)
     assert out.returncode == 1, out.stderr
     assert "dangling.log: does not exist" in out.stderr + out.stdout
@@ -51,6 +56,8 @@ def test_missing_path_empty_dir_and_broken_symlink(tmp_path):
 def test_usage_errors_are_one_line(tmp_path):
     out = cli("diagnose", "--path-template", "{job}/{nope}.log", SIGKILL_RUN)
     assert out.returncode == 2 and "unknown field(s) ['nope']" in out.stderr
+    out = cli("diagnose", "--path-template", "{job", SIGKILL_RUN)
+    assert out.returncode == 2 and "unbalanced" in out.stderr
     out = cli("run", "--logs", tmp_path / "missing", "--db", tmp_path / "x.duckdb", "--once")
     assert out.returncode == 2 and "not a directory" in out.stderr
     bad = tmp_path / "bad.yaml"

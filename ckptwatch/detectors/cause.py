@@ -138,8 +138,10 @@ def _timeout_suspect(timeouts: list[Ev], state: JobState, expected: set[int]) ->
         rank = silent[0]
         reporters = ", ".join(str(r) for r in sorted(by_rank))
         others = f" (also silent: {', '.join(map(str, silent[1:]))})" if len(silent) > 1 else ""
+        who_first = state.rank_of(first)
         note = (f"ranks {reporters} timed out in a collective while rank {rank} did not: it is the rank "
-                f"they were waiting for{others}")
+                f"they were waiting for{others}. The line shown is rank {who_first}'s timeout report; "
+                f"its time is that of the last line rank {who_first} logged before it (tracebacks carry no time)")
         root = _root_from(first, "collective_timeout", rank, state, note=note)
         root.pid = state.rank_pid.get(rank)
         root.host = state.host_of(rank)

@@ -57,6 +57,9 @@ def compile_template(template: str) -> re.Pattern[str]:
     if unknown:
         raise TemplateError(f"path template {template!r}: unknown field(s) {sorted(unknown)}; "
                             "known: job, host, rank, local_rank, attempt")
+    stray = _FIELD_RE.sub("", template)
+    if "{" in stray or "}" in stray:
+        raise TemplateError(f"path template {template!r}: unbalanced '{{' or '}}'")
     out, pos, seen = [], 0, set()
     for m in _FIELD_RE.finditer(template):
         out.append(re.escape(template[pos:m.start()]).replace(r"\*", "[^/]*"))
