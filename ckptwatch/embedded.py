@@ -93,18 +93,16 @@ class EmbeddedRunner:
         return changed
 
     def run(self, *, once: bool = False, interval: float = 1.0, max_cycles: int | None = None) -> None:
-        """Cycle until interrupted (or once, with everything flushed, for ``--once``)."""
+        """Cycle until interrupted (or once, with everything flushed, for ``--once``).
+        The caller owns the store and closes it (:meth:`close`)."""
         if once:
             self.cycle(final=True)
             return
         n = 0
-        try:
-            while max_cycles is None or n < max_cycles:
-                self.cycle()
-                n += 1
-                time.sleep(interval)
-        finally:
-            self.store.close()
+        while max_cycles is None or n < max_cycles:
+            self.cycle()
+            n += 1
+            time.sleep(interval)
 
     def close(self) -> None:
         self.store.close()
