@@ -4,10 +4,13 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
 import pytest
+
+import kafka_support
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "examples" / "corpus"
@@ -33,3 +36,30 @@ def copy_scenario(tmp_path):
         return dst
 
     return _copy
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(tmp_path_factory):
+    """``host:port`` of a real Apache Kafka broker for the whole session.
+
+    ``CKPTWATCH_TEST_KAFKA`` names an existing one; else testcontainers starts the
+    apache/kafka image where a Docker engine answers; else ``scripts/kafka-local`` starts
+    Kafka from its Maven Central artifacts (Java + Maven; this is what CI uses)."""
+    external = os.environ.get("CKPTWATCH_TEST_KAFKA")
+    if external:
+        yield external
+        return
+    if kafka_support.docker_engine():
+        from testcontainers.kafka import KafkaContainer
+
+        with KafkaContainer("apache/kafka:4.1.1").with_kraft() as kc:
+            yield kc.get_bootstrap_server()
+        return
+    local = kafka_support.kafka_local()
+    state = tmp_path_factory.mktemp("kafka")
+    try:
+        addr = local.start(state, None, 180.0)
+    except SystemExit as e:
+        pytest.fail(f"could not start the Kafka broker: {e}")
+    yield addr
+    local.stop(state)

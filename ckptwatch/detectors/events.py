@@ -15,6 +15,12 @@ FAILURE_KINDS = frozenset(
 #: Kinds reported by a host rather than a job (kernel, storage); joined to jobs by host and pid.
 HOST_KINDS = frozenset({"oom_kill", "gpu_xid", "storage_error", "node_lost"})
 
+
+def is_host_event(kind: str, rank: int | None, local_rank: int | None) -> bool:
+    """A kernel / storage line, whatever file it came from: it names no rank, so it is joined
+    to jobs by host and pid rather than routed by its own job."""
+    return kind in HOST_KINDS and rank is None and local_rank is None
+
 _SIGNALS = {1: "SIGHUP", 2: "SIGINT", 3: "SIGQUIT", 4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE",
             9: "SIGKILL", 11: "SIGSEGV", 13: "SIGPIPE", 15: "SIGTERM"}
 

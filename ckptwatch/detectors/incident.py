@@ -30,6 +30,10 @@ def incident_id(job: str | None, kind: str, step: int | None, path: str | None) 
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
+def _parse_ts(value: str | None) -> dt.datetime | None:
+    return dt.datetime.fromisoformat(value) if value else None
+
+
 @dataclass
 class RootCause:
     """The initiating failure. ``cls`` is one of oom_kill, signal, collective_timeout, node_lost,
@@ -119,6 +123,27 @@ class Incident:
             "detected_ts": self.detected_ts.isoformat() if self.detected_ts else None,
             "evidence": [e.to_dict() for e in self.evidence],
         }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Incident:
+        """Inverse of :meth:`to_dict` (the shape on the incidents topic).
+
+        Raises KeyError / ValueError on a dict that is not an incident."""
+        rc = d.get("root_cause")
+        root = None
+        if rc:
+            rc = dict(rc)
+            rc["cls"] = rc.pop("class")
+            rc["ts"] = _parse_ts(rc.get("ts"))
+            root = RootCause(**rc)
+        evidence = [EvidenceItem(**{**e, "ts": _parse_ts(e["ts"])}) for e in d.get("evidence", [])]
+        return cls(
+            kind=d["kind"], job=d.get("job"), step=d.get("step"), checkpoint_path=d.get("checkpoint_path"),
+            root_cause=root, collateral=list(d.get("collateral") or []), checkpoint_state=d.get("checkpoint_state") or {},
+            last_good_checkpoint=d.get("last_good_checkpoint"), remediation=d.get("remediation", ""),
+            first_ts=dt.datetime.fromisoformat(d["first_ts"]), evidence=evidence, severity=d.get("severity", ""),
+            status=d.get("status", "open"), detected_ts=_parse_ts(d.get("detected_ts")), id=d.get("id", ""),
+        )
 
     def fingerprint(self) -> str:
         """Hash of everything but ``detected_ts``: tells whether an update changed anything."""

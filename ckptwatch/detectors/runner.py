@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ckptwatch.detectors import save_incidents
-from ckptwatch.detectors.events import HOST_KINDS, Ev
+from ckptwatch.detectors.events import Ev, is_host_event
 from ckptwatch.detectors.incident import Incident
 from ckptwatch.detectors.jobstate import JobState
 
@@ -59,8 +59,7 @@ class Detector:
             ev = Ev.from_row(row)
             self.stats.events += 1
             self.max_ts = ev.ts if self.max_ts is None or ev.ts > self.max_ts else self.max_ts
-            if ev.kind in HOST_KINDS and ev.rank is None and ev.local_rank is None:
-                # a kernel / storage line, whatever file it came from: joined to jobs by host and pid
+            if is_host_event(ev.kind, ev.rank, ev.local_rank):
                 if ev.dedup_key in self.host_events:
                     self.stats.duplicates += 1
                 self.host_events[ev.dedup_key] = ev

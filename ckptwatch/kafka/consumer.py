@@ -1,0 +1,102 @@
+"""A consumer-group member that commits offsets only when told to.
+
+The services call :meth:`GroupMember.commit` after what depends on the consumed records is
+durable (incidents produced, a DuckDB transaction committed): at-least-once delivery, made
+exactly-once in effect by idempotent keys downstream.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
+from kafka.consumer.fetcher import ConsumerRecord
+from kafka.errors import CommitFailedError, KafkaError, KafkaTimeoutError
+from kafka.structs import OffsetAndMetadata
+
+from ckptwatch.config import KafkaSettings
+from ckptwatch.kafka import configuration
+
+PartitionsCallback = Callable[[set[TopicPartition]], None]
+
+
+class _Listener(ConsumerRebalanceListener):
+    def __init__(self, on_assigned: PartitionsCallback, on_revoked: PartitionsCallback) -> None:
+        self._assigned, self._revoked = on_assigned, on_revoked
+
+    def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
+        self._assigned(set(assigned))
+
+    def on_partitions_revoked(self, revoked: Iterable[TopicPartition]) -> None:
+        self._revoked(set(revoked))
+
+
+class GroupMember:
+    """Subscribes ``topics`` as a member of ``group``.
+
+    ``on_assigned`` / ``on_revoked`` receive the partitions that moved, inside :meth:`poll`
+    (kafka-python runs rebalance callbacks there), before any record of a new partition.
+    """
+
+    def __init__(self, settings: KafkaSettings, group: str, topics: Sequence[str], *, client_id: str,
+                 on_assigned: PartitionsCallback | None = None, on_revoked: PartitionsCallback | None = None) -> None:
+        self._consumer = KafkaConsumer(**configuration.consumer(settings, client_id, group))
+        self._consumer.subscribe(list(topics), listener=_Listener(on_assigned or (lambda p: None),
+                                                                     on_revoked or (lambda p: None)))
+
+    def poll(self, timeout: float) -> list[ConsumerRecord]:
+        """Records fetched within ``timeout`` seconds, in offset order per partition."""
+        batches = self._consumer.poll(timeout_ms=int(timeout * 1000))
+        return [r for tp in sorted(batches, key=lambda t: (t.topic, t.partition)) for r in batches[tp]]
+
+    def committed(self, tp: TopicPartition) -> int | None:
+        """The group's committed offset of ``tp`` (the next offset to read), None if none."""
+        return self._consumer.committed(tp)
+
+    def seek_to_beginning(self, partitions: Iterable[TopicPartition]) -> None:
+        self._consumer.seek_to_beginning(*partitions)
+
+    def assignment(self) -> set[TopicPartition]:
+        return set(self._consumer.assignment())
+
+    def commit(self, offsets: Mapping[TopicPartition, int]) -> bool:
+        """Commit ``offsets`` (next offset to read, per partition). Returns False when the
+        group rebalanced meanwhile (the new owner re-reads from the last commit: no loss)."""
+        if not offsets:
+            return True
+        try:
+            self._consumer.commit({tp: OffsetAndMetadata(off, "", -1) for tp, off in offsets.items()})
+        except (CommitFailedError, KafkaError):
+            return False
+        return True
+
+    def close(self) -> None:
+        self._consumer.close(autocommit=False)
+
+
+def read_to_end(settings: KafkaSettings, topic: str, *, client_id: str, timeout: float = 60.0) -> list[ConsumerRecord]:
+    """Every record of ``topic`` now present, read outside any group (no offsets committed).
+
+    Raises KafkaError when the topic cannot be read within ``timeout`` seconds."""
+    consumer = KafkaConsumer(**configuration.consumer(settings, client_id, None))
+    try:
+        parts = consumer.partitions_for_topic(topic) or set()
+        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        if not tps:
+            return []
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        end = consumer.end_offsets(tps, timeout_ms=int(timeout * 1000))
+        out: list[ConsumerRecord] = []
+        pending = {tp for tp in tps if end[tp] > consumer.position(tp)}
+        deadline = time.monotonic() + timeout
+        while pending:
+            if time.monotonic() > deadline:
+                raise KafkaTimeoutError(f"{topic}: could not read to the end within {timeout:.0f} s")
+            for tp, recs in consumer.poll(timeout_ms=1000).items():
+                out += recs
+            pending = {tp for tp in pending if consumer.position(tp) < end[tp]}
+        return out
+    finally:
+        consumer.close(autocommit=False)

@@ -1,0 +1,98 @@
+"""Publishing with the guarantee the collector and detector need: :meth:`Publisher.publish`
+returns only once every message is acknowledged by all in-sync replicas, so the caller may
+then commit its own progress (a source offset, a consumer offset)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from kafka import KafkaProducer
+from kafka.errors import KafkaError, KafkaTimeoutError
+
+from ckptwatch.config import KafkaSettings
+from ckptwatch.kafka import configuration
+
+
+@dataclass(frozen=True)
+class Message:
+    """One record to publish; ``partition`` None lets the key choose (murmur2, as Java does)."""
+
+    topic: str
+    key: bytes | None
+    value: bytes
+    partition: int | None = None
+
+
+class Publisher:
+    """An idempotent, ``acks=all`` producer that waits out broker outages instead of failing.
+
+    ``on_wait(message)`` is called (at most every ``report_every`` seconds) while the broker
+    cannot be reached, with a sentence saying what is waiting; the default prints nothing.
+    """
+
+    def __init__(self, settings: KafkaSettings, *, client_id: str = "ckptwatch",
+                 on_wait: Callable[[str], None] | None = None, report_every: float = 5.0) -> None:
+        self.settings = settings
+        self.on_wait = on_wait or (lambda msg: None)
+        self.report_every = report_every
+        self._last_report = 0.0
+        self.waits = 0
+        while True:
+            try:
+                self._producer = KafkaProducer(**configuration.producer(settings, client_id))
+                break
+            except KafkaTimeoutError:  # "Unable to bootstrap": no broker answers
+                self._waiting(f"waiting for Kafka at {settings.bootstrap_servers} (no broker answers)")
+                time.sleep(1.0)
+
+    def _waiting(self, msg: str) -> None:
+        self.waits += 1
+        now = time.monotonic()
+        if now - self._last_report >= self.report_every:
+            self._last_report = now
+            self.on_wait(msg)
+
+    def partitions(self, topic: str) -> list[int]:
+        """The topic's partition ids (waits for metadata while the broker is away)."""
+        while True:
+            try:
+                found = self._producer.partitions_for(topic)
+            except KafkaTimeoutError:
+                found = None
+            if found:
+                return sorted(found)
+            self._waiting(f"waiting for Kafka at {self.settings.bootstrap_servers} (no metadata for {topic})")
+            time.sleep(0.5)
+
+    def publish(self, messages: Sequence[Message]) -> None:
+        """Send ``messages`` and block until each is acknowledged. A message whose delivery
+        failed is sent again, so a broker outage delays but loses nothing; a resend after a
+        lost acknowledgement may duplicate a message, which consumers absorb by key
+        (events by ``(source_id, offset)``, incidents by id)."""
+        pending = list(messages)
+        while pending:
+            futures = [(m, self._producer.send(m.topic, value=m.value, key=m.key, partition=m.partition))
+                       for m in pending]
+            while True:
+                try:
+                    self._producer.flush(timeout=self.report_every)
+                    break
+                except KafkaTimeoutError:
+                    self._waiting(f"waiting for Kafka at {self.settings.bootstrap_servers}: "
+                                  f"{len(pending)} message(s) not yet acknowledged")
+            failed = []
+            for m, fut in futures:
+                try:
+                    fut.get(timeout=0)
+                except KafkaError:
+                    failed.append(m)
+            if failed:
+                self._waiting(f"waiting for Kafka at {self.settings.bootstrap_servers}: "
+                              f"resending {len(failed)} message(s)")
+                time.sleep(0.5)
+            pending = failed
+
+    def close(self) -> None:
+        self._producer.close(timeout=5)
