@@ -1,0 +1,74 @@
+"""Configuration layers: TOML file < CKPTWATCH_* environment < flags; errors name the place."""
+
+from __future__ import annotations
+
+import pytest
+
+from ckptwatch import config
+
+
+def write(tmp_path, text: str) -> str:
+    p = tmp_path / "ckptwatch.toml"
+    p.write_text(text)
+    return str(p)
+
+
+def test_file_then_env_then_flags(tmp_path):
+    path = write(tmp_path, """
+[kafka]
+bootstrap_servers = "10.0.0.1:9092"
+partitions = 12
+[kafka.client]
+security_protocol = "SASL_SSL"
+sasl_mechanism = "PLAIN"
+[collect]
+paths = ["/var/log/a/*.log", "/var/log/b"]
+[detect]
+group = "from-file"
+allowed_lateness = 2.5
+""")
+    env = {"CKPTWATCH_DETECT_GROUP": "from-env", "CKPTWATCH_KAFKA_PARTITIONS": "3",
+           "CKPTWATCH_KAFKA_CLIENT_SASL_PLAIN_PASSWORD": "s3cret", "UNRELATED": "x"}
+    cfg = config.load(path, env=env, flags={"kafka": {"partitions": 4, "bootstrap_servers": None}})
+    assert cfg.kafka.bootstrap_servers == "10.0.0.1:9092"  # a None flag does not override
+    assert cfg.kafka.partitions == 4  # flag > env > file
+    assert cfg.detect.group == "from-env"
+    assert cfg.detect.allowed_lateness == 2.5
+    assert cfg.collect.paths == ["/var/log/a/*.log", "/var/log/b"]
+    # SASL settings pass through to kafka-python; the env adds to the file's table
+    assert cfg.kafka.client == {"security_protocol": "SASL_SSL", "sasl_mechanism": "PLAIN",
+                                "sasl_plain_password": "s3cret"}
+    assert cfg.kafka.enabled
+
+
+def test_config_file_from_env_and_defaults(tmp_path):
+    path = write(tmp_path, "[sink]\ndb = 'x.duckdb'\n")
+    cfg = config.load(env={"CKPTWATCH_CONFIG": path, "CKPTWATCH_COLLECT_PATHS": "a.log, b/*.log"})
+    assert cfg.sink.db == "x.duckdb"
+    assert cfg.collect.paths == ["a.log", "b/*.log"]
+    assert cfg.kafka.events_topic == "ckptwatch.events"
+    assert not cfg.kafka.enabled  # no broker: embedded mode
+
+
+@pytest.mark.parametrize("text, where", [
+    ("[kafka]\npartitions = 'many'\n", "[kafka] partitions: expected int, got 'many'"),
+    ("[kafka]\npartitons = 3\n", "[kafka] partitons: unknown key"),
+    ("[kafak]\n", "unknown section [kafak]"),
+    ("[kafka\n", "not valid TOML"),
+])
+def test_bad_file_names_file_and_key(tmp_path, text, where):
+    path = write(tmp_path, text)
+    with pytest.raises(config.ConfigError) as e:
+        config.load(path, env={})
+    assert str(e.value).startswith(path)
+    assert where in str(e.value)
+
+
+def test_bad_env_value_names_the_variable_layer():
+    with pytest.raises(config.ConfigError, match=r"environment: \[detect\] allowed_lateness: expected float"):
+        config.load(env={"CKPTWATCH_DETECT_ALLOWED_LATENESS": "soon"})
+
+
+def test_missing_file():
+    with pytest.raises(config.ConfigError, match="nope.toml: config file does not exist"):
+        config.load("nope.toml", env={})
