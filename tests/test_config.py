@@ -72,3 +72,12 @@ def test_bad_env_value_names_the_variable_layer():
 def test_missing_file():
     with pytest.raises(config.ConfigError, match="nope.toml: config file does not exist"):
         config.load("nope.toml", env={})
+
+
+def test_example_config_file_loads():
+    from conftest import ROOT
+
+    cfg = config.load(str(ROOT / "examples" / "ckptwatch.toml"), env={})
+    assert cfg.kafka.bootstrap_servers == "127.0.0.1:9092"
+    assert cfg.collect.path_template == "{job}/rank{rank}.log"
+    assert cfg.sink.group == "ckptwatch-sink"

@@ -49,7 +49,7 @@ def decode_events(values: list[bytes]) -> pl.DataFrame:
 
 
 def encode_incident(inc: Incident) -> bytes:
-    return json.dumps(inc.to_dict(), sort_keys=True).encode()
+    return json.dumps(inc.to_dict()).encode()
 
 
 def decode_incident(value: bytes) -> Incident:

@@ -18,9 +18,10 @@ logging.getLogger("kafka").setLevel(logging.CRITICAL)
 
 def common(settings: KafkaSettings, client_id: str) -> dict[str, Any]:
     """Settings every client takes: bootstrap servers, client id, and the pass-through ones
-    (which win over anything set here)."""
+    (which win over anything set here). Reconnect backoff is capped at 2 s (kafka-python's
+    default, 30 s, would keep a collector idle long after a restarted broker is back)."""
     return {"bootstrap_servers": settings.bootstrap_servers.split(","), "client_id": client_id,
-            "bootstrap_timeout_ms": 5_000, **settings.client}
+            "bootstrap_timeout_ms": 5_000, "reconnect_backoff_max_ms": 2_000, **settings.client}
 
 
 def producer(settings: KafkaSettings, client_id: str) -> dict[str, Any]:

@@ -94,5 +94,10 @@ class Publisher:
                 time.sleep(0.5)
             pending = failed
 
-    def close(self) -> None:
-        self._producer.close(timeout=5)
+    def close(self, timeout: float = 5.0) -> None:
+        """Flush for up to ``timeout`` seconds and close. What is still unacknowledged is
+        dropped here, never lost: the caller has not recorded it as done."""
+        try:
+            self._producer.close(timeout=timeout)
+        except KafkaError:
+            self._producer.close(timeout=0)
