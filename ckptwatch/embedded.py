@@ -1,11 +1,11 @@
 """``ckptwatch run``: the embedded pipeline, tailing a directory into DuckDB.
 
-Each cycle: discover files (new files included) -> poll every tail -> rules -> store the
-events and the sources' committed offsets in one DuckDB transaction -> detector ->
-upsert changed incidents -> print them. On start, the detector is rebuilt from the
-events already in the database and every tail resumes at its committed offset, so a
-restart neither loses nor duplicates a line, and re-running over the same files adds
-no row.
+Each cycle: discover and poll the files (new ones, renamed, truncated and copied ones:
+see :mod:`ckptwatch.ingest.watcher`) -> rules -> store the events and the sources'
+committed offsets in one DuckDB transaction -> detector -> upsert changed incidents ->
+print them. On start, the detector is rebuilt from the events already in the database
+and every source resumes at its committed offset, so a restart neither loses nor
+duplicates a line, and re-running over the same files adds no row.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import time
 from collections.abc import Callable
 
 from ckptwatch.detectors import Detector, Incident
-from ckptwatch.ingest import discovery, identity
-from ckptwatch.ingest.tail import FileTail
-from ckptwatch.pipeline import PipelineOptions, Stats, extract_events, poll_tails
+from ckptwatch.ingest.checkpoint import SourceCheckpoint
+from ckptwatch.ingest.watcher import SourceWatcher
+from ckptwatch.pipeline import PipelineOptions, extract_events
 from ckptwatch.rules import RuleSet
 from ckptwatch.sinks.duckdb_store import Store
 
@@ -37,51 +37,24 @@ class EmbeddedRunner:
         self.store = Store(db_path)
         self.detector = Detector(self.options.detector)
         self.on_incident = on_incident or (lambda inc: None)
-        self.stats = Stats()
-        self.tails: dict[str, FileTail] = {}
-        self._committed = self.store.committed_offsets()
-        self._reported_errors: set[str] = set()
+        self._stored = {sid: SourceCheckpoint(sid, file or "", off, job, head or "")
+                        for sid, file, off, job, head in self.store.sources()}
+        db = os.path.abspath(db_path)
+        self.watcher = SourceWatcher([logs_dir], template=self.options.template, boot_time=self.options.boot_time,
+                                     committed=self._stored, exclude=lambda p: os.path.abspath(p) == db)
+        self.stats = self.watcher.stats
         stored = self.store.events()
         if not stored.is_empty():
             self.detector.process(stored.iter_rows(named=True))
 
-    def _discover(self) -> None:
-        for found in discovery.discover([self.logs_dir]):
-            if found.error:
-                self._error(f"{found.path}: {found.error}")
-                continue
-            if os.path.abspath(found.path) == os.path.abspath(self.store.path):
-                continue
-            known = self.tails.get(found.path)
-            try:
-                sid = identity.source_id(found.path, final=False)
-            except OSError as e:
-                self._error(f"{found.path}: cannot read: {e.strerror or e}")
-                continue
-            if known is not None and (known.source_id is None or known.source_id == sid):
-                continue
-            offset, job = self._committed.get(sid, (0, None)) if sid else (0, None)
-            tail = FileTail(found.path, template=self.options.template, boot_time=self.options.boot_time,
-                            offset=offset, job=job)
-            self.tails[found.path] = tail
-        self.stats.files = len(self.tails)
-
-    def _error(self, msg: str) -> None:
-        if msg not in self._reported_errors:
-            self._reported_errors.add(msg)
-            self.stats.errors.append(msg)
-
     def cycle(self, *, final: bool = False, now: dt.datetime | None = None) -> list[Incident]:
         """One pass: read, match, store, detect. Returns the incidents that changed."""
-        self._discover()
-        tails = list(self.tails.values())
-        before = len(self.stats.errors)
-        records = poll_tails(tails, self.stats, final=final, now=now)
-        for msg in self.stats.errors[before:]:
-            self._reported_errors.add(msg)
+        records = self.watcher.poll(final=final, now=now)
         events = extract_events(self.rules, records, self.stats)
-        offsets = [(t.source_id, t.path, t.committed_offset, t.job) for t in tails if t.source_id]
-        self.store.commit_batch(events, offsets)
+        changed_sources = [c for c in self.watcher.checkpoints() if self._stored.get(c.source_id) != c]
+        rows = [(c.source_id, c.path, c.offset, c.job, c.head_hash) for c in changed_sources]
+        self.store.commit_batch(events, rows)
+        self._stored.update((c.source_id, c) for c in changed_sources)
         if not events.is_empty():
             self.detector.process(events.iter_rows(named=True), now=now)
         changed = self.detector.advance(final=final, now=now)
@@ -92,17 +65,26 @@ class EmbeddedRunner:
         self.stats.duplicate_events = self.detector.stats.duplicates
         return changed
 
-    def run(self, *, once: bool = False, interval: float = 1.0, max_cycles: int | None = None) -> None:
-        """Cycle until interrupted (or once, with everything flushed, for ``--once``).
+    def run(self, *, once: bool = False, interval: float = 1.0, max_cycles: int | None = None,
+            until_idle: float | None = None) -> None:
+        """Cycle until interrupted (or once, with everything flushed, for ``--once``; or
+        until no line was read for ``until_idle`` seconds). ``interval`` is in seconds.
         The caller owns the store and closes it (:meth:`close`)."""
         if once:
             self.cycle(final=True)
             return
         n = 0
+        last_work = time.monotonic()
         while max_cycles is None or n < max_cycles:
+            lines = self.stats.lines
             self.cycle()
             n += 1
+            if self.stats.lines != lines:
+                last_work = time.monotonic()
+            elif until_idle is not None and time.monotonic() - last_work >= until_idle:
+                return
             time.sleep(interval)
 
     def close(self) -> None:
+        self.watcher.close()
         self.store.close()

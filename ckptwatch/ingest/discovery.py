@@ -1,13 +1,17 @@
-"""Which files to read under the paths a user gives.
+"""Which files to read under the paths a user gives (Vector's ``paths_provider``).
 
 Files named directly are always read. Directories are walked (sorted, recursively,
 symlinked directories not followed) and every file is taken except checkpoint payloads
-and structured side files that are not logs: see :data:`SKIP_SUFFIXES`. Whether a file
-is text is decided when it is read (:func:`ckptwatch.ingest.reader.looks_binary`).
+and structured side files that are not logs: see :data:`SKIP_SUFFIXES`. A path with
+``*``, ``?`` or ``[`` is a glob pattern (``logs/**/*.log``; ``**`` spans directories):
+the regular files it matches are taken as if named directly, the directories it matches
+are not walked, and matching nothing is not an error (the files may come later). Whether
+a file is text is decided when it is read (:func:`ckptwatch.ingest.reader.looks_binary`).
 """
 
 from __future__ import annotations
 
+import glob
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -27,7 +31,8 @@ class Found:
 
 
 def discover(paths: Iterable[str]) -> list[Found]:
-    """Expand files and directories into the files to read, in a stable order."""
+    """Expand files, directories and glob patterns into the files to read, in a stable
+    order; each file once (by real path)."""
     out: list[Found] = []
     seen: set[str] = set()
     for p in paths:
@@ -41,6 +46,8 @@ def discover(paths: Iterable[str]) -> list[Found]:
                     if f.startswith(".") or f.endswith(SKIP_SUFFIXES):
                         continue
                     candidates.append(os.path.join(root, f))
+        elif any(c in p for c in "*?["):  # an existing path is taken literally, even with these
+            candidates = [m for m in sorted(glob.glob(p, recursive=True)) if os.path.isfile(m)]
         elif os.path.exists(p):
             out.append(Found(p, "not a regular file or directory"))
             continue

@@ -1,4 +1,4 @@
-"""Source identity: a stable ``source_id`` for a log file.
+"""Source identity: a stable ``source_id`` for a log file (Vector's fingerprinter).
 
 The id is the SHA-256 of the file's device and inode numbers and its first line (at most
 1 KiB of it), cut to 16 hex digits. So:
@@ -9,6 +9,11 @@ The id is the SHA-256 of the file's device and inode numbers and its first line 
 * a reused inode is not mistaken for the old file unless the new file also begins with
   the very same first line.
 
+Where that last case is known to happen (a file truncated and rewritten with the same
+first line, a dropped file's inode reused), a *generation* number tells the two apart:
+:func:`source_id_of` with ``generation`` > 0 hashes it in too, so every generation of a
+file has an id of its own and ``(source_id, offset)`` never names two different lines.
+
 A file without a complete first line has no id yet (``None``): tailing waits for it.
 """
 
@@ -16,18 +21,20 @@ from __future__ import annotations
 
 import hashlib
 import os
+from typing import BinaryIO
 
 FIRST_LINE_BYTES = 1024
+#: Generations tried when looking a file up among checkpointed ids (see :func:`generation_ids`).
+MAX_GENERATIONS = 64
 
 
-def first_line(path: str, *, final: bool = False) -> bytes | None:
-    """The first line of ``path`` (without newline, at most 1 KiB), or None if not complete yet.
+def head_of(data: bytes, *, final: bool = False) -> bytes | None:
+    """The first line in ``data`` (the file's first ``FIRST_LINE_BYTES + 1`` bytes or more),
+    without newline and at most 1 KiB, or None if it is not complete yet.
 
-    With ``final=True`` (the file will not grow) a file without a newline yields its
-    first 1 KiB. Raises OSError if the file cannot be read.
-    """
-    with open(path, "rb") as f:
-        head = f.read(FIRST_LINE_BYTES + 1)
+    With ``final=True`` (the file will not grow) data without a newline yields its first
+    1 KiB."""
+    head = data[: FIRST_LINE_BYTES + 1]
     nl = head.find(b"\n")
     if nl >= 0:
         return head[:nl]
@@ -36,14 +43,45 @@ def first_line(path: str, *, final: bool = False) -> bytes | None:
     return None
 
 
+def read_head(f: BinaryIO, *, final: bool = False) -> bytes | None:
+    """The first line of the open file ``f`` (see :func:`head_of`); reads at most 1025 bytes
+    at offset 0 without moving ``f``'s position. Raises OSError if it cannot be read."""
+    return head_of(os.pread(f.fileno(), FIRST_LINE_BYTES + 1, 0), final=final)
+
+
+def first_line(path: str, *, final: bool = False) -> bytes | None:
+    """The first line of ``path`` (see :func:`head_of`). Raises OSError if the file cannot be read."""
+    with open(path, "rb") as f:
+        return read_head(f, final=final)
+
+
+def source_id_of(dev: int, ino: int, head: bytes, generation: int = 0) -> str:
+    """The id (16 hex digits) of generation ``generation`` of the file with device ``dev``,
+    inode ``ino`` and first line ``head``. Generation 0 is the plain
+    ``sha256(dev:ino:first line)``; a first line never holds a newline, so the generation
+    appended after one cannot make two different inputs alike."""
+    data = f"{dev}:{ino}:".encode() + head
+    if generation:
+        data += f"\ngeneration {generation}".encode()
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def generation_ids(dev: int, ino: int, head: bytes) -> list[str]:
+    """The ids of generations ``0 .. MAX_GENERATIONS - 1`` of a file, oldest first."""
+    return [source_id_of(dev, ino, head, g) for g in range(MAX_GENERATIONS)]
+
+
+def head_hash(head: bytes) -> str:
+    """Hex SHA-256 of a first line (what a checkpoint keeps to recognize a moved or copied file)."""
+    return hashlib.sha256(head).hexdigest()
+
+
 def source_id(path: str, *, final: bool = False) -> str | None:
-    """Stable id of the file at ``path`` (16 hex digits), or None while it has no first line.
+    """Stable id (generation 0) of the file at ``path``, or None while it has no first line.
 
     Raises OSError if the file cannot be stat'ed or read.
     """
-    st = os.stat(path)
-    head = first_line(path, final=final)
-    if head is None:
-        return None
-    h = hashlib.sha256(f"{st.st_dev}:{st.st_ino}:".encode() + head)
-    return h.hexdigest()[:16]
+    with open(path, "rb") as f:
+        st = os.fstat(f.fileno())
+        head = read_head(f, final=final)
+    return None if head is None else source_id_of(st.st_dev, st.st_ino, head)

@@ -12,7 +12,9 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from typing import BinaryIO
 
 DEFAULT_MAX_LINE_BYTES = 1 << 20  # 1 MiB
 DEFAULT_CHUNK_BYTES = 8 << 20  # how much one call reads at most (plus one huge line)
@@ -46,19 +48,20 @@ def _decode(raw: bytes, res: ReadResult) -> str:
 
 
 def read_lines(
-    path: str,
+    source: str | BinaryIO,
     offset: int,
     *,
     final: bool = False,
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
 ) -> ReadResult:
-    """Read the complete lines of ``path`` from byte ``offset``.
+    """Read the complete lines of ``source`` (a path, or a file open in binary mode that
+    stays open) from byte ``offset``; at most about ``chunk_bytes`` bytes per call.
 
     Raises OSError if the file cannot be opened or read.
     """
     res = ReadResult(next_offset=offset)
-    with open(path, "rb") as f:
+    with _opened(source) as f:
         f.seek(offset)
         buf = f.read(chunk_bytes)
         pos = 0
@@ -84,7 +87,7 @@ def read_lines(
                             res.skipped.append(("line_too_long", start, n))
                             res.next_offset = start + n + 1
                             # continue with a fresh chunk after the huge line
-                            more = read_lines(path, res.next_offset, final=final,
+                            more = read_lines(f, res.next_offset, final=final,
                                               max_line_bytes=max_line_bytes, chunk_bytes=chunk_bytes)
                             res.lines.extend(more.lines)
                             res.skipped.extend(more.skipped)
@@ -105,10 +108,19 @@ def read_lines(
             res.next_offset = offset + pos
 
 
-def looks_binary(path: str, sniff_bytes: int = 8192) -> bool:
-    """True if the first ``sniff_bytes`` of the file hold a NUL byte (not a text log).
+def looks_binary(source: str | BinaryIO, sniff_bytes: int = 8192) -> bool:
+    """True if the first ``sniff_bytes`` bytes of the file (a path or an open binary file)
+    hold a NUL byte (not a text log).
 
     Raises OSError if the file cannot be read.
     """
-    with open(path, "rb") as f:
+    with _opened(source) as f:
+        f.seek(0)
         return b"\x00" in f.read(sniff_bytes)
+
+
+def _opened(source: str | BinaryIO) -> AbstractContextManager[BinaryIO]:
+    """``source`` opened for reading if it is a path (closed on exit), else as it is (left open)."""
+    if isinstance(source, str):
+        return open(source, "rb")
+    return nullcontext(source)

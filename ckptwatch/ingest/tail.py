@@ -1,13 +1,21 @@
 """Per-file tailing state: read new complete lines, label them, group them, date them.
 
-:class:`FileTail` is the only stateful piece of ingest. One instance follows one file:
+:class:`FileTail` is the only stateful piece of ingest (Vector's ``file_watcher``). One
+instance follows one file through a file descriptor it holds open, so a file renamed or
+deleted while it is followed is still read to its end (like ``tail -F``):
 
 * ``offset``: the next byte to read;
 * ``held``: lines read but not yet emitted (the last, possibly unfinished, record of
   each stream); ``committed_offset`` never passes the first of them, so a restart from
   ``committed_offset`` re-reads them and nothing is lost;
 * ``carry``: the last event time of each stream, for records without their own time;
-* ``job``: the job of a console file, once a line has named it.
+* ``job``: the job of a console file, once a line has named it;
+* ``source_id``: the file's id (:mod:`.identity`). A file truncated in place (shorter
+  than ``offset``, or with another first line: checked on each poll that sees the size
+  or mtime change, by reading at most 1 KiB) starts a new *generation*: the held-back
+  lines are emitted, the old generation is recorded in ``superseded`` (for recognizing
+  a ``copytruncate`` copy, see :mod:`.rotation`), and the file is read again from 0
+  under a new id, so ``(source_id, offset)`` never names two different lines.
 
 ``poll()`` returns a records DataFrame with :data:`ckptwatch.schema.RECORD_SCHEMA`.
 """
@@ -15,13 +23,17 @@
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import os
 import re
+from collections.abc import Container
 from dataclasses import dataclass, field
+from typing import BinaryIO
 
 import polars as pl
 
-from ckptwatch.ingest import identity, layout, multiline, prefix, reader, timestamps
+from ckptwatch.ingest import identity, layout, multiline, prefix, reader, rotation, timestamps
+from ckptwatch.ingest.checkpoint import SourceCheckpoint
 from ckptwatch.schema import RECORD_SCHEMA, TS
 
 _JOB_MENTION = r"(?:run_id\s*:\s*|job_id=|job id )(?P<job>[A-Za-z0-9][\w.:-]*)"
@@ -45,7 +57,20 @@ class InputError(Exception):
 
 
 class FileTail:
-    """Follows one log file. Not thread-safe; one owner at a time."""
+    """Follows one log file. Not thread-safe; one owner at a time.
+
+    Args:
+        path: the file to follow; opened (and held open) at the first :meth:`open` or
+            :meth:`poll`. ``path`` may be updated by the owner when the file is renamed.
+        template: compiled path template for labels (:mod:`.layout`).
+        offset: byte offset to start reading at (a committed offset from a checkpoint).
+        boot_time: UTC boot time for kernel ``[seconds]`` stamps.
+        max_line_bytes: longer lines are skipped and counted (``line_too_long``).
+        flush_after: seconds without growth after which held-back records are emitted.
+        job: the job learned from the file's lines before a restart.
+        avoid_ids: source ids not to give this file (ids of dropped files, whose inode a
+            new file may reuse).
+    """
 
     def __init__(
         self,
@@ -57,19 +82,43 @@ class FileTail:
         max_line_bytes: int = reader.DEFAULT_MAX_LINE_BYTES,
         flush_after: float = 2.0,
         job: str | None = None,
+        avoid_ids: Container[str] = frozenset(),
     ) -> None:
         self.path = path
         self.labels = layout.labels_for(path, template)
         self.job = self.labels.job or job  # ``job``: learned from the file's lines before a restart
         self.offset = offset
         self.source_id: str | None = None
+        self.head: bytes | None = None  # the first line the id was made from
         self.boot_time = boot_time
         self.max_line_bytes = max_line_bytes
         self.held = pl.DataFrame()
         self.carry: dict[str, dt.datetime] = {}
         self.stats = TailStats()
         self.flush_after = flush_after
+        self.superseded: list[rotation.Superseded] = []  # truncated generations; the owner takes them
+        self._avoid = avoid_ids
+        self._used_ids: set[str] = set()
+        self._file: BinaryIO | None = None
+        self._key: tuple[int, int] | None = None
+        self._seen: tuple[int, int] | None = None  # (size, mtime_ns) at the last poll
+        self._digest = hashlib.sha256() if offset == 0 else None  # of bytes [0, offset), if known
         self._last_growth: dt.datetime | None = None
+
+    @property
+    def key(self) -> tuple[int, int] | None:
+        """``(st_dev, st_ino)`` of the open file, None before :meth:`open`."""
+        return self._key
+
+    @property
+    def handle(self) -> BinaryIO | None:
+        """The open file (binary), None before :meth:`open` and after :meth:`close`."""
+        return self._file
+
+    @property
+    def used_ids(self) -> frozenset[str]:
+        """Every source id this tail has given its file (one per generation)."""
+        return frozenset(self._used_ids)
 
     @property
     def committed_offset(self) -> int:
@@ -77,6 +126,86 @@ class FileTail:
         if self.held.is_empty():
             return self.offset
         return int(self.held["offset"].min())
+
+    def open(self) -> None:
+        """Open the file and hold it open (later calls do nothing while it is open). After
+        :meth:`close`, opens ``path`` again, which must still be the same file.
+
+        Raises:
+            InputError: the file cannot be opened, or ``path`` is another file now
+                (message names the file).
+        """
+        if self._file is not None:
+            return
+        try:
+            self._file = open(self.path, "rb")
+            st = os.fstat(self._file.fileno())
+        except OSError as e:
+            self.close()
+            raise InputError(f"{self.path}: cannot read: {e.strerror or e}") from None
+        if self._key is not None and self._key != (st.st_dev, st.st_ino):
+            self.close()
+            raise InputError(f"{self.path}: another file now than the one followed; not read as its continuation")
+        self._key = (st.st_dev, st.st_ino)
+
+    def close(self) -> None:
+        """Close the file descriptor (a later :meth:`open` or :meth:`poll` opens ``path`` again)."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def identify(self, *, final: bool = False) -> str | None:
+        """The file's source id, computed from its first line on the first call that finds
+        one complete (or any first bytes, with ``final``); None until then.
+
+        Raises:
+            InputError: the file is binary or cannot be read (message names the file).
+        """
+        if self.source_id is not None:
+            return self.source_id
+        self.open()
+        assert self._file is not None and self._key is not None
+        try:
+            if reader.looks_binary(self._file):
+                raise InputError(f"{self.path}: binary data (NUL bytes in the first 8 KiB), not a text log; skipped")
+            head = identity.read_head(self._file, final=final)
+        except OSError as e:
+            raise InputError(f"{self.path}: cannot read: {e.strerror or e}") from None
+        if head is not None:
+            self.head = head
+            dev, ino = self._key
+            gen = 0
+            while (sid := identity.source_id_of(dev, ino, head, gen)) in self._used_ids or sid in self._avoid:
+                gen += 1
+            self.source_id = sid
+            self._used_ids.add(sid)
+        return self.source_id
+
+    def resume(self, *, offset: int, job: str | None, generation: int | None = None) -> None:
+        """Continue a source known from before (a checkpoint, or a copy of a truncated file)
+        at byte ``offset``, with its learned ``job``; call after :meth:`identify` found the
+        id and before the first :meth:`poll`. ``generation``: the id to take is the one of
+        that generation (see :func:`ckptwatch.ingest.identity.source_id_of`; earlier
+        generations count as used); None keeps the id :meth:`identify` chose."""
+        assert self._key is not None and self.head is not None, "resume() needs identify() first"
+        if generation is not None:
+            ids = identity.generation_ids(*self._key, self.head)[: generation + 1]
+            self._used_ids.update(ids)
+            self.source_id = ids[-1]
+        self.offset = offset
+        self.job = self.labels.job or job
+        self._digest = hashlib.sha256() if offset == 0 else None
+
+    def checkpoint(self) -> SourceCheckpoint | None:
+        """Where a restart resumes this source, None while it has no id yet."""
+        if self.source_id is None or self.head is None:
+            return None
+        return SourceCheckpoint(self.source_id, self.path, self.committed_offset, self.job,
+                                identity.head_hash(self.head))
+
+    def idle_seconds(self, now: dt.datetime) -> float:
+        """Seconds since a poll last read a line (0 before the first poll)."""
+        return 0.0 if self._last_growth is None else (now - self._last_growth).total_seconds()
 
     def poll(self, *, final: bool = False, ingest_ts: dt.datetime | None = None) -> pl.DataFrame:
         """Read what was appended since the last poll and return its complete records.
@@ -91,18 +220,25 @@ class FileTail:
         Raises:
             InputError: the file is binary or cannot be read (message names the file).
         """
+        now = ingest_ts or dt.datetime.now(dt.timezone.utc)
+        self.open()
+        assert self._file is not None
+        out: list[pl.DataFrame] = []
         try:
-            if self.source_id is None:
-                if reader.looks_binary(self.path):
-                    raise InputError(f"{self.path}: binary data (NUL bytes in the first 8 KiB), not a text log; skipped")
-                self.source_id = identity.source_id(self.path, final=final)
-                if self.source_id is None:
-                    return pl.DataFrame(schema=RECORD_SCHEMA)
-            st = os.stat(self.path)
-            if st.st_size < self.offset:  # truncated in place: start over
-                self.offset = 0
-                self.held = pl.DataFrame()
-            res = reader.read_lines(self.path, self.offset, final=final, max_line_bytes=self.max_line_bytes)
+            st = os.fstat(self._file.fileno())
+            mtime = dt.datetime.fromtimestamp(st.st_mtime, dt.timezone.utc)
+            changed = (st.st_size, st.st_mtime_ns) != self._seen
+            self._seen = (st.st_size, st.st_mtime_ns)
+            if self.source_id is not None and changed and self._rewritten(st.st_size, final=final):
+                out.append(self._supersede(now, mtime))
+            if self.identify(final=final) is None:
+                return _concat(out)
+            if final or st.st_size > self.offset:
+                res = reader.read_lines(self._file, self.offset, final=final, max_line_bytes=self.max_line_bytes)
+            else:
+                res = reader.ReadResult(next_offset=self.offset)
+            if self._digest is not None and res.next_offset > self.offset:
+                rotation.update_digest(self._digest, self._file, self.offset, res.next_offset)
         except OSError as e:
             raise InputError(f"{self.path}: cannot read: {e.strerror or e}") from None
         self.offset = res.next_offset
@@ -110,23 +246,50 @@ class FileTail:
         self.stats.invalid_utf8 += res.invalid_utf8
         for reason, _off, _n in res.skipped:
             self.stats.skip(reason)
-        now = ingest_ts or dt.datetime.now(dt.timezone.utc)
-        mtime = dt.datetime.fromtimestamp(st.st_mtime, dt.timezone.utc)
+        if res.lines or self._last_growth is None:
+            self._last_growth = now
+        idle = (now - self._last_growth).total_seconds() >= self.flush_after
+        new = self._new_lines(res.lines)
+        lines = pl.concat([self.held, new], how="diagonal_relaxed") if not self.held.is_empty() else new
+        out.append(self._emit(lines, flush=final or idle, now=now, mtime=mtime))
+        return _concat(out)
+
+    def _rewritten(self, size: int, *, final: bool) -> bool:
+        """True if the file was truncated since the last poll: shorter than the read offset,
+        or its first line changed (it was truncated and written past the old offset).
+        Raises OSError if the file cannot be read."""
+        assert self._file is not None
+        return size < self.offset or identity.read_head(self._file, final=final) != self.head
+
+    def _supersede(self, now: dt.datetime, mtime: dt.datetime) -> pl.DataFrame:
+        """End the current generation: emit its held-back records, record it in
+        ``superseded`` and start over at offset 0 (a new id is taken by :meth:`identify`)."""
+        assert self.source_id is not None and self.head is not None
+        flushed = self._emit(self.held, flush=True, now=now, mtime=mtime)
+        ckpt = SourceCheckpoint(self.source_id, self.path, self.offset, self.job, identity.head_hash(self.head))
+        self.superseded.append(rotation.Superseded(ckpt, self._digest.hexdigest() if self._digest else None))
+        self.source_id, self.head, self.offset = None, None, 0
+        self.held, self.carry, self._digest = pl.DataFrame(), {}, hashlib.sha256()
+        return flushed
+
+    def _new_lines(self, lines: list[tuple[int, str]]) -> pl.DataFrame:
+        """``(offset, text)`` pairs -> one row per line with prefixes split and ``stream_key``."""
+        assert self.source_id is not None
         new = pl.DataFrame(
-            {"offset": [o for o, _ in res.lines], "line": [t for _, t in res.lines]},
+            {"offset": [o for o, _ in lines], "line": [t for _, t in lines]},
             schema={"offset": pl.Int64, "line": pl.Utf8},
         )
         new = prefix.split_prefixes(new)
-        new = new.with_columns(
+        return new.with_columns(
             pl.concat_str(
                 [pl.lit(self.source_id + ":"), pl.col("prefix_local_rank").cast(pl.Utf8).fill_null("-")]
             ).alias("stream_key")
         )
-        if res.lines or self._last_growth is None:
-            self._last_growth = now
-        idle = (now - self._last_growth).total_seconds() >= self.flush_after
-        lines = pl.concat([self.held, new], how="diagonal_relaxed") if not self.held.is_empty() else new
-        records, self.held = multiline.group_lines(lines, final=final or idle)
+
+    def _emit(self, lines: pl.DataFrame, *, flush: bool, now: dt.datetime, mtime: dt.datetime) -> pl.DataFrame:
+        """Group ``lines`` into records (holding back the last of each stream unless
+        ``flush``), date and label them; sets ``held``."""
+        records, self.held = multiline.group_lines(lines, final=flush)
         if records.is_empty():
             return pl.DataFrame(schema=RECORD_SCHEMA)
         records = records.with_columns(pl.lit(mtime).cast(TS).alias("mtime"))
@@ -157,3 +320,9 @@ class FileTail:
         )
         self.stats.records += out.height
         return out.cast(RECORD_SCHEMA)  # type: ignore[arg-type]
+
+
+def _concat(frames: list[pl.DataFrame]) -> pl.DataFrame:
+    """The non-empty frames concatenated (RECORD_SCHEMA), an empty records frame if none."""
+    frames = [f for f in frames if not f.is_empty()]
+    return pl.concat(frames) if frames else pl.DataFrame(schema=RECORD_SCHEMA)

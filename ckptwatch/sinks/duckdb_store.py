@@ -5,9 +5,10 @@ Tables (timestamps are ``TIMESTAMPTZ``, UTC):
 
 * ``events``: EVENT_SCHEMA; primary key ``(source_id, offset)``: re-reading the same
   bytes inserts nothing.
-* ``sources``: ``source_id`` -> ``file``, ``committed_offset`` (where tailing resumes) and
-  the ``job`` learned from the file's lines. Written in the same transaction as the
-  events read up to it.
+* ``sources``: ``source_id`` -> ``file``, ``committed_offset`` (where tailing resumes),
+  the ``job`` learned from the file's lines and ``head_hash`` (hex SHA-256 of the file's
+  first line, to recognize a ``copytruncate`` copy after a restart). Written in the same
+  transaction as the events read up to it.
 * ``incidents``: one row per incident id (upsert; ``detected_ts`` keeps its first value);
   root cause and last good checkpoint flattened into columns for SQL, the full shapes
   as JSON.
@@ -34,7 +35,9 @@ CREATE TABLE IF NOT EXISTS events (
     source_id VARCHAR NOT NULL, source_kind VARCHAR, "offset" BIGINT NOT NULL, line VARCHAR, dedup_key VARCHAR,
     PRIMARY KEY (source_id, "offset"));
 CREATE TABLE IF NOT EXISTS sources (
-    source_id VARCHAR PRIMARY KEY, file VARCHAR, committed_offset BIGINT, job VARCHAR, updated_ts TIMESTAMPTZ);
+    source_id VARCHAR PRIMARY KEY, file VARCHAR, committed_offset BIGINT, job VARCHAR, updated_ts TIMESTAMPTZ,
+    head_hash VARCHAR);
+ALTER TABLE sources ADD COLUMN IF NOT EXISTS head_hash VARCHAR;
 CREATE TABLE IF NOT EXISTS incidents (
     id VARCHAR PRIMARY KEY, kind VARCHAR, severity VARCHAR, status VARCHAR, job VARCHAR, step BIGINT,
     checkpoint_path VARCHAR, root_cause_class VARCHAR, root_rank INTEGER, root_host VARCHAR, root_pid BIGINT,
@@ -46,6 +49,9 @@ CREATE TABLE IF NOT EXISTS incident_evidence (
     kind VARCHAR, rank INTEGER, host VARCHAR, rule_id VARCHAR, line VARCHAR,
     PRIMARY KEY (incident_id, seq));
 """
+
+#: A source's row: ``(source_id, file, committed_offset, job)``, optionally ``head_hash`` last.
+SourceRow = tuple[str, str, int, str | None] | tuple[str, str, int, str | None, str | None]
 
 _EVENT_COLS = ", ".join(f'"{c}"' for c in EVENT_SCHEMA)
 
@@ -62,9 +68,10 @@ class Store:
     def close(self) -> None:
         self.con.close()
 
-    def commit_batch(self, events: pl.DataFrame, offsets: Iterable[tuple[str, str, int, str | None]]) -> int:
+    def commit_batch(self, events: pl.DataFrame, offsets: Iterable[SourceRow]) -> int:
         """Insert events (EVENT_SCHEMA) and the sources' committed offsets
-        ``(source_id, file, offset, job)`` in one transaction. Returns the number of new events."""
+        ``(source_id, file, offset, job[, head_hash])`` in one transaction. Returns the
+        number of new events."""
         now = dt.datetime.now(dt.timezone.utc)
         self.con.execute("BEGIN")
         try:
@@ -72,9 +79,10 @@ class Store:
             if not events.is_empty():
                 arrow = events.select(list(EVENT_SCHEMA)).to_arrow()  # noqa: F841 (read by DuckDB)
                 self.con.execute(f"INSERT OR IGNORE INTO events ({_EVENT_COLS}) SELECT {_EVENT_COLS} FROM arrow")
-            rows = [(sid, f, off, job, now) for sid, f, off, job in offsets]
+            rows = [(sid, f, off, job, now, rest[0] if rest else None) for sid, f, off, job, *rest in offsets]
             if rows:
-                self.con.executemany("INSERT OR REPLACE INTO sources VALUES (?, ?, ?, ?, ?)", rows)
+                self.con.executemany("INSERT OR REPLACE INTO sources (source_id, file, committed_offset, job, "
+                                     "updated_ts, head_hash) VALUES (?, ?, ?, ?, ?, ?)", rows)
             after = self.con.execute("SELECT count(*) FROM events").fetchone()[0]
             self.con.execute("COMMIT")
         except Exception:
@@ -86,6 +94,10 @@ class Store:
         """``source_id`` -> (offset from which tailing resumes, job learned so far)."""
         rows = self.con.execute("SELECT source_id, committed_offset, job FROM sources").fetchall()
         return {sid: (off, job) for sid, off, job in rows}
+
+    def sources(self) -> list[tuple[str, str, int, str | None, str | None]]:
+        """Every source: ``(source_id, file, committed_offset, job, head_hash)``."""
+        return self.con.execute("SELECT source_id, file, committed_offset, job, head_hash FROM sources").fetchall()
 
     def events(self) -> pl.DataFrame:
         """All stored events (EVENT_SCHEMA), in ``(ts, source_id, offset)`` order."""

@@ -1,0 +1,32 @@
+"""Counters of one pipeline run, shared by every stage: ingest counts files, lines,
+records, invalid UTF-8 and skipped input; the rules count events; the detector counts
+duplicate events. ``errors`` are human-readable messages naming the file and the problem."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Stats:
+    """Counters of one pipeline run. ``skipped`` maps reason -> count; ``errors`` are
+    human-readable messages naming the file and the problem."""
+
+    files: int = 0
+    lines: int = 0
+    records: int = 0
+    events: int = 0
+    duplicate_events: int = 0
+    invalid_utf8: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+    def skip(self, reason: str, n: int = 1) -> None:
+        self.skipped[reason] = self.skipped.get(reason, 0) + n
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "files": self.files, "lines": self.lines, "records": self.records, "events": self.events,
+            "duplicate_events": self.duplicate_events, "invalid_utf8": self.invalid_utf8,
+            "skipped": dict(sorted(self.skipped.items())), "errors": list(self.errors),
+        }

@@ -1,0 +1,324 @@
+"""Follow every file under a set of paths, through rotation (Vector's ``file_server``).
+
+Each :meth:`SourceWatcher.poll`:
+
+1. discovers the files now under the paths (:mod:`.discovery`: files, directories, glob
+   patterns) and stats them. A file is known by ``(device, inode)``, so a file already
+   followed costs one ``stat`` per poll and no read when it did not change.
+2. on the first poll only, looks next to each checkpointed source for a file renamed,
+   while nobody watched, to a rotated name the paths do not match (``train.log`` ->
+   ``train.log.1``): it is followed from its committed offset, as in step 3.
+3. polls every file it follows (a :class:`~.tail.FileTail` each, holding the file open):
+
+   * a file renamed to another watched path is followed there (same id, same offset);
+   * a file that no watched path points at any more (renamed away, to a name the paths
+     may not even match, or deleted; the path may already hold a new file) is read to
+     its end through the open descriptor, like ``tail -F``, and dropped (closed) once a
+     poll finds that it has not grown for ``flush_after`` seconds (at once with
+     ``final``);
+   * a file truncated in place is read again from 0 under a new id (see :mod:`.tail`).
+
+   After a ``final`` poll no file is held open (a later poll opens them again by path).
+
+4. starts following each new file: at its committed offset when its id (of any
+   generation) is in ``committed``; at the old read offset when it is the copy of a
+   truncated file (:mod:`.rotation`); else from 0. A new file that looks like a copy of a
+   followed file still being made (``copytruncate`` before the truncation: same first
+   line, a rotated name, the same bytes before the followed file's offset) is left for
+   the next poll, unless ``final``.
+
+:meth:`SourceWatcher.checkpoints` gives what to persist. Entries of sources that are not
+followed any more (a truncated generation whose copy may still show up, a checkpointed
+source not found after a restart) are kept for ``forget_after_polls`` polls, then
+dropped; a dropped file's entry goes with it (it was read to its end).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import re
+import stat
+from collections.abc import Callable, Mapping, Sequence
+
+import polars as pl
+
+from ckptwatch.ingest import discovery, identity, rotation
+from ckptwatch.ingest.checkpoint import SourceCheckpoint
+from ckptwatch.ingest.stats import Stats
+from ckptwatch.ingest.tail import FileTail, InputError
+from ckptwatch.schema import RECORD_SCHEMA
+
+Key = tuple[int, int]  # (st_dev, st_ino)
+
+
+class SourceWatcher:
+    """The files under ``paths`` (files, directories, glob patterns like ``logs/**/*.log``).
+
+    Args:
+        paths: what to watch; re-expanded on every poll, so new files are picked up.
+        template: compiled path template for labels (:mod:`.layout`).
+        boot_time: UTC boot time for kernel ``[seconds]`` stamps.
+        committed: checkpoints from a previous run, by source id (:class:`FileCheckpointer.load
+            <ckptwatch.ingest.checkpoint.FileCheckpointer>`).
+        exclude: paths for which this returns True are not read (e.g. the output database).
+        flush_after: seconds without growth after which a file's held-back records are
+            emitted, and a file no watched path points at any more is dropped.
+        forget_after_polls: polls for which checkpoints of sources not followed any more
+            are kept (see the module docstring).
+
+    ``stats`` counts files, lines, records, invalid UTF-8, skipped input and errors
+    (messages naming the file and the reason; the same problem is reported once).
+    Not thread-safe. :meth:`close` closes the files held open.
+    """
+
+    def __init__(self, paths: Sequence[str], *, template: re.Pattern[str] | None = None,
+                 boot_time: dt.datetime | None = None, committed: Mapping[str, SourceCheckpoint] | None = None,
+                 exclude: Callable[[str], bool] | None = None, flush_after: float = 2.0,
+                 forget_after_polls: int = 5) -> None:
+        self.paths = list(paths)
+        self.template = template
+        self.boot_time = boot_time
+        self.exclude = exclude or (lambda path: False)
+        self.flush_after = flush_after
+        self.forget_after_polls = forget_after_polls
+        self.stats = Stats()
+        self._tails: dict[Key, FileTail] = {}
+        # source id -> (generation not followed any more, poll it stopped being followed at)
+        self._unfollowed: dict[str, tuple[rotation.Superseded, int]] = {
+            sid: (rotation.Superseded(c), 0) for sid, c in (committed or {}).items()}
+        self._retired: set[str] = set()  # ids of dropped files: a new file reusing the inode gets another
+        self._rejected: dict[Key, tuple[int, int]] = {}  # unreadable file -> (size, mtime_ns) when tried
+        self._reported: set[str] = set()
+        self._polls = 0
+
+    def poll(self, *, final: bool = False, now: dt.datetime | None = None) -> pl.DataFrame:
+        """Discover the files (paths may be files, directories, or glob patterns like
+        ``logs/**/*.log``), poll every tail and return the concatenated records
+        (:data:`ckptwatch.schema.RECORD_SCHEMA`).
+
+        Args:
+            final: the files will not grow (``diagnose``, ``--once``): emit everything,
+                last lines without newline included, and drop the files no watched path
+                points at any more.
+            now: wall-clock time of this poll (UTC); defaults to now.
+
+        Problems with single files go to ``stats.errors``; this does not raise for them.
+        """
+        now = now or dt.datetime.now(dt.timezone.utc)
+        self._polls += 1
+        at = self._discover()
+        if self._polls == 1:
+            self._find_moved(at, final=final)
+        frames = []
+        for key, tail in list(self._tails.items()):
+            where = at.get(key)
+            if where is None and tail.handle is None:  # closed after a final poll, gone since
+                self._drop(key)
+                continue
+            if where is not None:
+                tail.path = where[0]
+            frames.append(self._poll_tail(tail, final=final, now=now))
+            if where is None and (final or tail.idle_seconds(now) >= self.flush_after):
+                if not final:
+                    frames.append(self._poll_tail(tail, final=True, now=now))
+                self._drop(key)
+        for key, (path, sig) in at.items():
+            if key not in self._tails and self._rejected.get(key) != sig:
+                tail = self._start(key, path, sig, final=final)
+                if tail is not None:
+                    frames.append(self._poll_tail(tail, final=final, now=now))
+        if final:  # read to the end: no descriptor is held between polls (many files, one diagnose)
+            for tail in self._tails.values():
+                tail.close()
+        self._forget()
+        frames = [f for f in frames if not f.is_empty()]
+        records = pl.concat(frames) if frames else pl.DataFrame(schema=RECORD_SCHEMA)
+        self.stats.records += records.height
+        return records
+
+    def checkpoints(self) -> list[SourceCheckpoint]:
+        """What to persist once the records returned so far are durable downstream: for
+        each source followed, its committed offset (never past a held-back line,
+        :attr:`FileTail.committed_offset <ckptwatch.ingest.tail.FileTail.committed_offset>`);
+        and the entries of sources not followed any more, for ``forget_after_polls`` polls."""
+        out = [c for t in self._tails.values() if (c := t.checkpoint()) is not None]
+        return out + [gen.checkpoint for gen, _ in self._unfollowed.values()]
+
+    def close(self) -> None:
+        """Close every file held open; the watcher is not used after this."""
+        for tail in self._tails.values():
+            tail.close()
+        self._tails.clear()
+
+    def _discover(self) -> dict[Key, tuple[str, tuple[int, int]]]:
+        """The regular files under the paths now: ``(device, inode)`` -> (path, (size,
+        mtime_ns)); the first path of a file wins."""
+        at: dict[Key, tuple[str, tuple[int, int]]] = {}
+        for found in discovery.discover(self.paths):
+            if found.error:
+                self._error(f"{found.path}: {found.error}")
+                continue
+            if self.exclude(found.path):
+                continue
+            try:
+                st = os.stat(found.path)
+            except OSError:
+                continue  # gone since it was listed: the next poll sees what replaced it
+            if stat.S_ISREG(st.st_mode):
+                at.setdefault((st.st_dev, st.st_ino), (found.path, (st.st_size, st.st_mtime_ns)))
+        return at
+
+    def _start(self, key: Key, path: str, sig: tuple[int, int], *, final: bool) -> FileTail | None:
+        """Open, identify and place the new file ``key`` found at ``path`` with (size,
+        mtime_ns) ``sig`` (see the module docstring, step 4); None if it is unreadable (not
+        tried again until ``sig`` changes), or left for the next poll."""
+        tail = self._new_tail(path)
+        try:
+            tail.open()
+            if tail.key != key:  # replaced since it was listed: the next poll sees the new one
+                tail.close()
+                return None
+            tail.identify(final=final)
+        except InputError as e:
+            tail.close()
+            self._rejected[key] = sig
+            if self._error(str(e)):
+                self.stats.files += 1
+                self.stats.skip("unreadable_file")
+            return None
+        if tail.source_id is not None and not self._resume(tail) and not final and self._copy_in_progress(tail):
+            tail.close()
+            return None
+        self._tails[key] = tail
+        self.stats.files += 1
+        return tail
+
+    def _new_tail(self, path: str) -> FileTail:
+        return FileTail(path, template=self.template, boot_time=self.boot_time, flush_after=self.flush_after,
+                        avoid_ids=self._retired)
+
+    def _resume(self, tail: FileTail) -> bool:
+        """Continue ``tail`` from a checkpoint of its own (any generation) or of the
+        truncated file it is a copy of; False if it is new."""
+        assert tail.head is not None and tail.handle is not None
+        if self._resume_own(tail):
+            return True
+        try:
+            copies = [(since, g.checkpoint.offset, sid) for sid, (g, since) in self._unfollowed.items()
+                      if rotation.is_copy(g, tail.handle, tail.path, tail.head)]
+        except OSError:
+            return False
+        if not copies:
+            return False
+        gen, _ = self._unfollowed.pop(max(copies)[2])  # the most recent, then the furthest read
+        tail.resume(offset=gen.checkpoint.offset, job=gen.checkpoint.job)
+        return True
+
+    def _copy_in_progress(self, new: FileTail) -> bool:
+        """True if ``new`` may be a copy of a followed file that is still being made."""
+        assert new.handle is not None
+        for tail in self._tails.values():
+            if (tail.head == new.head and tail.offset > 0 and tail.handle is not None
+                    and rotation.is_rotated_name(tail.path, new.path)):
+                try:
+                    size = os.fstat(new.handle.fileno()).st_size
+                    if rotation.same_bytes_before(tail.handle, new.handle, min(size, tail.offset)):
+                        return True
+                except OSError:
+                    continue
+        return False
+
+    def _find_moved(self, at: Mapping[Key, object], *, final: bool) -> None:
+        """Follow the files of checkpointed sources that were renamed, while nobody watched,
+        to a rotated name the paths do not match (until read to their end: no watched path
+        points at them)."""
+        by_dir: dict[str, set[str]] = {}
+        for gen, since in self._unfollowed.values():
+            if since == 0 and gen.checkpoint.path:  # only checkpoints from before this run
+                directory, name = os.path.split(os.path.abspath(gen.checkpoint.path))
+                by_dir.setdefault(directory, set()).add(name)
+        for directory, names in by_dir.items():
+            try:
+                listing = sorted(os.listdir(directory))
+            except OSError:
+                continue
+            for name in listing:
+                cand = os.path.join(directory, name)
+                if name in names or not any(name[:k] in names for k in range(1, len(name))) or self.exclude(cand):
+                    continue
+                try:
+                    st = os.stat(cand)
+                except OSError:
+                    continue
+                if (st.st_dev, st.st_ino) in at or (st.st_dev, st.st_ino) in self._tails or not stat.S_ISREG(st.st_mode):
+                    continue
+                tail = self._new_tail(cand)
+                try:
+                    resumed = tail.identify(final=final) is not None and self._resume_own(tail)
+                except InputError:
+                    resumed = False
+                if resumed and tail.key is not None:
+                    self._tails[tail.key] = tail
+                    self.stats.files += 1
+                else:
+                    tail.close()
+
+    def _resume_own(self, tail: FileTail) -> bool:
+        """Continue ``tail`` from a checkpoint of its own id (any generation); False if none."""
+        assert tail.key is not None and tail.head is not None
+        ids = identity.generation_ids(*tail.key, tail.head)
+        known = [g for g, sid in enumerate(ids) if sid in self._unfollowed]
+        if not known:
+            return False
+        gen, _ = self._unfollowed.pop(ids[known[-1]])
+        tail.resume(offset=gen.checkpoint.offset, job=gen.checkpoint.job, generation=known[-1])
+        return True
+
+    def _poll_tail(self, tail: FileTail, *, final: bool, now: dt.datetime) -> pl.DataFrame:
+        """Poll one tail and count what it read; a file that cannot be read is reported in
+        ``stats.errors`` (once per problem) and skipped, the others go on."""
+        before_lines, before_skip = tail.stats.lines, dict(tail.stats.skipped)
+        before_utf8 = tail.stats.invalid_utf8
+        try:
+            recs = tail.poll(final=final, ingest_ts=now)
+        except InputError as e:
+            if self._error(str(e)):
+                self.stats.skip("unreadable_file")
+            return pl.DataFrame(schema=RECORD_SCHEMA)
+        finally:
+            for gen in tail.superseded:
+                self._unfollowed[gen.checkpoint.source_id] = (gen, self._polls)
+            tail.superseded.clear()
+        self.stats.lines += tail.stats.lines - before_lines
+        bad_utf8 = tail.stats.invalid_utf8 - before_utf8
+        self.stats.invalid_utf8 += bad_utf8
+        if bad_utf8:
+            self.stats.errors.append(f"{tail.path}: {bad_utf8} line(s) with invalid UTF-8, "
+                                     "read with replacement characters")
+        for reason, n in tail.stats.skipped.items():
+            if n - before_skip.get(reason, 0):
+                self.stats.skip(reason, n - before_skip.get(reason, 0))
+                if reason == "line_too_long":
+                    self.stats.errors.append(f"{tail.path}: skipped {n - before_skip.get(reason, 0)} line(s) "
+                                             f"longer than {tail.max_line_bytes} bytes")
+        return recs
+
+    def _drop(self, key: Key) -> None:
+        """Stop following a file read to its end: close it, retire its ids."""
+        tail = self._tails.pop(key)
+        self._retired.update(tail.used_ids)
+        tail.close()
+
+    def _forget(self) -> None:
+        """Drop entries of sources not followed for more than ``forget_after_polls`` polls."""
+        for sid in [s for s, (_, since) in self._unfollowed.items() if self._polls - since > self.forget_after_polls]:
+            del self._unfollowed[sid]
+
+    def _error(self, msg: str) -> bool:
+        """Report ``msg`` in ``stats.errors`` unless it was reported before; True if new."""
+        if msg in self._reported:
+            return False
+        self._reported.add(msg)
+        self.stats.errors.append(msg)
+        return True
