@@ -1,25 +1,36 @@
-"""Command line: ``ckptwatch diagnose | run | rules check``.
+"""Command line: ``ckptwatch diagnose | run | collect | detect | sink | rules check``.
 
 Exit codes: ``diagnose`` 0 with no incident, 1 with at least one, 2 on a usage or input
 error; ``rules check`` 0 when every rule is sound, 1 otherwise, 2 on usage error.
+``run``, ``collect``, ``detect`` and ``sink`` exit 0 when stopped (Ctrl-C, SIGTERM) or idle
+(``--until-idle``), 2 on a usage, config or input error.
 Errors are one line naming the file (and line or rule) and the reason, never a traceback.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import os
+import signal
 import sys
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
 
+import duckdb
 import typer
 from rich.console import Console
 
+from ckptwatch import config as config_mod
+from ckptwatch.config import Config
 from ckptwatch.ingest import timestamps
 from ckptwatch.ingest.layout import TemplateError, compile_template
 from ckptwatch.pipeline import PipelineOptions, diagnose
 from ckptwatch.rules import RuleError, check_rule_files
 from ckptwatch.sinks import report
+from ckptwatch.sinks.duckdb_store import Store
+
+T = TypeVar("T")
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Find interrupted, partial and poisoned checkpoints in ML training logs.")
@@ -35,6 +46,17 @@ BootOpt = Annotated[str | None, typer.Option("--boot-time", help="Boot time (ISO
                                               "for kernel '[ seconds]' timestamps.")]
 RulesOpt = Annotated[list[str] | None, typer.Option("--rules", help="Extra rule pack file or directory "
                                                      "(repeatable), loaded after the packaged packs.")]
+
+
+KafkaOpt = Annotated[str | None, typer.Option("--kafka", help="Kafka bootstrap servers HOST:PORT[,...] "
+                                               "(fleet mode; also CKPTWATCH_KAFKA_BOOTSTRAP_SERVERS or the "
+                                               "config file's [kafka] bootstrap_servers).")]
+ConfigOpt = Annotated[str | None, typer.Option("--config", help="TOML config file (default $CKPTWATCH_CONFIG); "
+                                                "flags and CKPTWATCH_* variables override it.")]
+PartitionsOpt = Annotated[int | None, typer.Option("--partitions", help="Partitions of a topic created "
+                                                    "because it is missing (default 6).")]
+UntilIdleOpt = Annotated[float | None, typer.Option("--until-idle", help="Exit after this many seconds "
+                                                     "without new input (default: run until stopped).")]
 
 
 def _fail(msg: str, code: int = 2) -> typer.Exit:
@@ -95,36 +117,186 @@ def run_cmd(
     db: Annotated[str, typer.Option("--db", help="DuckDB file for events and incidents.")] = "incidents.duckdb",
     once: Annotated[bool, typer.Option("--once", help="Process what exists now, then exit.")] = False,
     interval: Annotated[float, typer.Option("--interval", help="Seconds between polls.")] = 1.0,
+    kafka: KafkaOpt = None,
+    config: ConfigOpt = None,
+    partitions: PartitionsOpt = None,
+    until_idle: UntilIdleOpt = None,
     path_template: TemplateOpt = None,
     boot_time: BootOpt = None,
     rules: RulesOpt = None,
 ) -> None:
-    """The embedded pipeline: tail a directory of logs and write events and incidents to DuckDB."""
-    import duckdb
+    """Tail a directory of logs and write events and incidents to DuckDB.
 
-    from ckptwatch.embedded import EmbeddedRunner
-
+    Embedded (default): every stage in this process, no broker. With a Kafka broker
+    configured (--kafka or the config file), the same stages run as collector, detector
+    and sink linked through Kafka, still in this one process.
+    """
     if not os.path.isdir(logs):
         raise _fail(f"--logs {logs}: not a directory")
+    cfg = _config(config, {"kafka": {"bootstrap_servers": kafka, "partitions": partitions},
+                           "collect": {"interval": interval}}, need_kafka=False)
     options = _options(path_template, boot_time, rules)
     console = Console(highlight=False, soft_wrap=True)
+    show = lambda inc: report.render_text([inc], console)  # noqa: E731
+    if cfg.kafka.enabled:
+        from ckptwatch.services import launch
+
+        collect = dataclasses.replace(cfg.collect, paths=[logs], checkpoint=cfg.collect.checkpoint or f"{db}.collect.json")
+        cfg = dataclasses.replace(cfg, collect=collect, sink=dataclasses.replace(cfg.sink, db=db))
+        store = _open_store(db)
+        try:
+            res = _serve(lambda: launch.run_all(cfg, options, store, once=once, until_idle=until_idle, say=_say,
+                                                on_incident=show))
+        finally:
+            store.close()
+        if res is not None:
+            _report_stats(res[0].stats.to_dict(), f"{res[0].published} events through Kafka; database {db}")
+        return
+    from ckptwatch.embedded import EmbeddedRunner
+
     try:
-        runner = EmbeddedRunner(logs, db, options, on_incident=lambda inc: report.render_text([inc], console))
+        runner = EmbeddedRunner(logs, db, options, on_incident=show)
     except RuleError as e:
         raise _fail(str(e)) from None
     except duckdb.Error as e:
         raise _fail(f"--db {db}: {str(e).splitlines()[0]}") from None
     try:
-        runner.run(once=once, interval=interval)
+        _sigterm_as_interrupt()
+        runner.run(once=once, interval=interval, until_idle=until_idle)
     except KeyboardInterrupt:
         pass
     finally:
         stats = runner.stats.to_dict()
         runner.close()
+    _report_stats(stats, f"{stats['events']} events; database {db}")
+
+
+def _config(path: str | None, flags: dict[str, dict[str, object]], *, need_kafka: bool) -> Config:
+    try:
+        cfg = config_mod.load(path, flags=flags)
+    except config_mod.ConfigError as e:
+        raise _fail(str(e)) from None
+    if need_kafka and not cfg.kafka.enabled:
+        raise _fail("no Kafka broker configured: pass --kafka HOST:PORT, set CKPTWATCH_KAFKA_BOOTSTRAP_SERVERS, "
+                    "or bootstrap_servers in the config file's [kafka] section")
+    return cfg
+
+
+def _say(msg: str) -> None:
+    _err.print(f"[yellow]{msg}[/yellow]", soft_wrap=True)
+
+
+def _sigterm_as_interrupt() -> None:
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, handler)
+
+
+def _serve(fn: Callable[[], T]) -> T | None:
+    """Run a service until it returns or is interrupted; known failures become one-line errors."""
+    from ckptwatch.ingest.checkpoint import CheckpointError
+    from ckptwatch.kafka.admin import BrokerUnavailable
+
+    _sigterm_as_interrupt()
+    try:
+        return fn()
+    except KeyboardInterrupt:
+        return None
+    except (RuleError, CheckpointError, BrokerUnavailable) as e:
+        raise _fail(str(e)) from None
+
+
+@app.command("collect")
+def collect_cmd(
+    paths: Annotated[list[str] | None, typer.Argument(help="Log files, directories or glob patterns "
+                                                           "('/var/log/train/**/*.log'); default: [collect] paths.")] = None,
+    kafka: KafkaOpt = None,
+    config: ConfigOpt = None,
+    checkpoint: Annotated[str | None, typer.Option("--checkpoint", help="File holding each source's offset "
+                                                    "(default ckptwatch-collect.json).")] = None,
+    once: Annotated[bool, typer.Option("--once", help="Publish what the files hold now, then exit.")] = False,
+    until_idle: UntilIdleOpt = None,
+    partitions: PartitionsOpt = None,
+    path_template: TemplateOpt = None,
+    boot_time: BootOpt = None,
+    rules: RulesOpt = None,
+) -> None:
+    """Fleet collector: tail this host's logs, parse them, publish events to Kafka."""
+    from ckptwatch.services import launch
+
+    cfg = _config(config, {"kafka": {"bootstrap_servers": kafka, "partitions": partitions},
+                           "collect": {"paths": paths or None, "checkpoint": checkpoint,
+                                       "path_template": path_template, "boot_time": boot_time}}, need_kafka=True)
+    if not cfg.collect.paths:
+        raise _fail("nothing to collect: give paths, or [collect] paths in the config file")
+    if not cfg.collect.checkpoint:
+        cfg = dataclasses.replace(cfg, collect=dataclasses.replace(cfg.collect, checkpoint="ckptwatch-collect.json"))
+    options = _options(cfg.collect.path_template or None, cfg.collect.boot_time or None, rules)
+    c = _serve(lambda: launch.collect(cfg, options, once=once, until_idle=until_idle, say=_say))
+    if c is not None:
+        _report_stats(c.stats.to_dict(), f"{c.published} events published to {cfg.kafka.events_topic}")
+
+
+@app.command("detect")
+def detect_cmd(
+    kafka: KafkaOpt = None,
+    config: ConfigOpt = None,
+    group: Annotated[str | None, typer.Option("--group", help="Consumer group (default ckptwatch-detect).")] = None,
+    until_idle: UntilIdleOpt = None,
+    partitions: PartitionsOpt = None,
+) -> None:
+    """Fleet detector: one member of the detector consumer group (run several to scale out)."""
+    from ckptwatch.services import launch
+
+    cfg = _config(config, {"kafka": {"bootstrap_servers": kafka, "partitions": partitions},
+                           "detect": {"group": group}}, need_kafka=True)
+    m = _serve(lambda: launch.detect(cfg, PipelineOptions(), until_idle=until_idle, say=_say))
+    if m is not None:
+        s = m.stats
+        _err.print(f"[dim]{s.events} events ({s.replayed} replayed), {s.incidents_published} incident "
+                   f"versions published, {s.bad_messages} bad messages skipped[/dim]")
+
+
+@app.command("sink")
+def sink_cmd(
+    kafka: KafkaOpt = None,
+    config: ConfigOpt = None,
+    db: Annotated[str | None, typer.Option("--db", help="DuckDB file (default incidents.duckdb).")] = None,
+    group: Annotated[str | None, typer.Option("--group", help="Consumer group (default ckptwatch-sink).")] = None,
+    until_idle: UntilIdleOpt = None,
+    partitions: PartitionsOpt = None,
+) -> None:
+    """Fleet sink: events and incidents from Kafka into DuckDB."""
+    from ckptwatch.services import launch
+
+    cfg = _config(config, {"kafka": {"bootstrap_servers": kafka, "partitions": partitions},
+                           "sink": {"db": db, "group": group}}, need_kafka=True)
+    store = _open_store(cfg.sink.db)
+    console = Console(highlight=False, soft_wrap=True)
+    try:
+        m = _serve(lambda: launch.sink(cfg, store, until_idle=until_idle, say=_say,
+                                       on_incident=lambda inc: report.render_text([inc], console)))
+    finally:
+        store.close()
+    if m is not None:
+        s = m.stats
+        _err.print(f"[dim]{s.events_inserted} new events, {s.incidents_upserted} incident writes, "
+                   f"{s.bad_messages} bad messages skipped; database {cfg.sink.db}[/dim]")
+
+
+def _open_store(path: str) -> Store:
+    import duckdb
+
+    try:
+        return Store(path)
+    except duckdb.Error as e:
+        raise _fail(f"--db {path}: {str(e).splitlines()[0]}") from None
+
+
+def _report_stats(stats: dict[str, Any], summary: str) -> None:
     for msg in stats["errors"]:
         _err.print(f"[yellow]warning:[/yellow] {msg}", soft_wrap=True)
-    console.print(f"[dim]{stats['files']} files, {stats['lines']} lines, {stats['events']} events; "
-                  f"database {db}[/dim]")
+    _err.print(f"[dim]{stats['files']} files, {stats['lines']} lines, {summary}[/dim]")
 
 
 @rules_app.command("check")

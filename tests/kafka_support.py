@@ -79,3 +79,64 @@ def topic_messages(bootstrap: str, topic: str) -> list:
     from ckptwatch.kafka.consumer import read_to_end
 
     return read_to_end(KafkaSettings(bootstrap_servers=bootstrap), topic, client_id="test-reader")
+
+
+INCIDENT_COLS = ("id, kind, severity, status, job, step, checkpoint_path, root_cause_class, root_rank, root_host, "
+                 "root_pid, root_ts, root_line, collateral, checkpoint_state, last_good_step, last_good_path, "
+                 "remediation, first_ts")
+
+
+def snapshot(db_path: str | Path) -> dict:
+    """What a run left in DuckDB, minus wall-clock columns: current incidents (superseded
+    versions left out), their evidence, and the stored events' ``(source_id, offset)``."""
+    import duckdb
+
+    con = duckdb.connect(str(db_path), read_only=True)
+    try:
+        incidents = con.execute(f"SELECT {INCIDENT_COLS} FROM incidents WHERE status <> 'superseded' ORDER BY id").fetchall()
+        ids = [r[0] for r in incidents]
+        evidence = con.execute(
+            'SELECT incident_id, seq, source_id, "offset", role FROM incident_evidence '
+            "WHERE list_contains(?, incident_id) ORDER BY incident_id, seq", [ids]).fetchall()
+        keys = con.execute('SELECT source_id, "offset" FROM events ORDER BY source_id, "offset"').fetchall()
+    finally:
+        con.close()
+    return {"incidents": incidents, "evidence": evidence, "event_keys": keys}
+
+
+def run_embedded(logs: Path, db: Path) -> dict:
+    """``ckptwatch run --once`` in this process; returns :func:`snapshot` of its database."""
+    from ckptwatch.embedded import EmbeddedRunner
+
+    runner = EmbeddedRunner(str(logs), str(db))
+    try:
+        runner.run(once=True)
+    finally:
+        runner.close()
+    return snapshot(db)
+
+
+def save_lines(first: int, n: int) -> str:
+    """``n`` log lines, each one event: save_start / save_end of steps counted from
+    ``first // 2``. Line ``i`` is told apart by ``(kind, step)``."""
+    out = []
+    for i in range(first, first + n):
+        step, kind = divmod(i, 2)
+        ts = f"2026-11-30 10:{(i // 600) % 60:02d}:{(i // 10) % 60:02d},{(i % 10) * 100:03d}"
+        out.append(f"{ts} INFO ckptwatch event={'save_end' if kind else 'save_start'} step={step} path=/ckpt/step_{step}\n")
+    return "".join(out)
+
+
+def stored_lines(db_path: str | Path) -> list[tuple[str, int]]:
+    """``(kind, step)`` of every stored event, sorted (duplicates kept, so a count shows them)."""
+    import duckdb
+
+    con = duckdb.connect(str(db_path), read_only=True)
+    try:
+        return sorted(con.execute("SELECT kind, step FROM events").fetchall())
+    finally:
+        con.close()
+
+
+def expected_lines(n: int) -> list[tuple[str, int]]:
+    return sorted(("save_end" if i % 2 else "save_start", i // 2) for i in range(n))

@@ -1,0 +1,159 @@
+"""``ckptwatch detect``: a member of the detector consumer group, events -> incidents.
+
+State is per partition: one :class:`~ckptwatch.detectors.Detector` per assigned partition of
+the events topic (a job's events all land in one partition; host events are in every
+partition). Incidents are a function of the events alone, so state needs no changelog of
+its own: when a partition is assigned (at start, after a crash, or in a rebalance), the
+member seeks to its beginning and replays it. Until the replay reaches the group's
+committed offset the detector is only fed, not asked for incidents, so it cannot republish
+a stale intermediate version.
+
+What was already published is read back from the incidents topic (id -> fingerprint of the
+latest version) when partitions are assigned; an incident is published only when it is new
+or its fingerprint changed. Offsets are committed only after the incidents that depend on
+them are acknowledged by the broker. A kill -9 between the two re-publishes at most the
+incidents of one step, with the same id and content; the sink upserts them by id.
+
+Replay reads each partition from the start of its retention: keep ``retention.ms`` of the
+events topic longer than the longest save window you care about (default 7 days).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kafka import TopicPartition
+from kafka.consumer.fetcher import ConsumerRecord
+
+from ckptwatch import failpoints
+from ckptwatch.config import Config
+from ckptwatch.detectors import Detector, DetectorConfig, Incident
+from ckptwatch.kafka.admin import ensure_topics
+from ckptwatch.kafka.codec import decode_events_skipping, encode_incident
+from ckptwatch.kafka.consumer import GroupMember, read_to_end
+from ckptwatch.kafka.producer import Message, Publisher
+
+
+@dataclass
+class DetectStats:
+    """Counters of one detector member."""
+
+    events: int = 0
+    replayed: int = 0
+    bad_messages: int = 0
+    incidents_published: int = 0
+    rebalances: int = 0
+
+
+class DetectorMember:
+    """One member of ``config.detect.group``. ``on_message`` receives human-readable notes
+    (a broker outage, a message that is not an event)."""
+
+    def __init__(self, config: Config, *, detector_config: DetectorConfig | None = None,
+                 on_message: Callable[[str], None] | None = None, poll_timeout: float = 0.5) -> None:
+        self.config = config
+        self.detector_config = detector_config or DetectorConfig(allowed_lateness=config.detect.allowed_lateness)
+        self.on_message = on_message or (lambda msg: None)
+        self.poll_timeout = poll_timeout
+        self.stats = DetectStats()
+        self.detectors: dict[TopicPartition, Detector] = {}
+        self.replay_until: dict[TopicPartition, int] = {}
+        self.position: dict[TopicPartition, int] = {}
+        self.published: dict[str, str] = {}  # incident id -> fingerprint of the latest published version
+        self._refresh_published = True
+        self._pending: set[TopicPartition] = set()  # assigned; committed offset not looked up yet
+        self.joined = False  # until the group coordinator assigned us partitions (maybe none)
+        ensure_topics(config.kafka)
+        self.publisher = Publisher(config.kafka, client_id="ckptwatch-detect", on_wait=self.on_message)
+        self.member = GroupMember(config.kafka, config.detect.group, [config.kafka.events_topic],
+                                  client_id="ckptwatch-detect", on_assigned=self._assigned, on_revoked=self._revoked)
+
+    # -- rebalance callbacks (run inside poll) ---------------------------------------------
+    def _assigned(self, partitions: set[TopicPartition]) -> None:
+        # kafka-python runs this on its IO thread: no blocking call here (committed() is
+        # looked up in step()); a seek only marks the partition for reset, so it is allowed.
+        self.joined = True
+        self.stats.rebalances += 1
+        for tp in partitions:
+            self.detectors[tp] = Detector(self.detector_config)
+            self.position[tp] = 0
+            self._pending.add(tp)
+        if partitions:
+            self.member.seek_to_beginning(partitions)
+            self._refresh_published = True
+
+    def _revoked(self, partitions: set[TopicPartition]) -> None:
+        # step() publishes and commits before it returns, so nothing of these is in flight
+        for tp in partitions:
+            self.detectors.pop(tp, None)
+            self.replay_until.pop(tp, None)
+            self.position.pop(tp, None)
+            self._pending.discard(tp)
+
+    # -- one unit of work ------------------------------------------------------------------
+    def _load_published(self) -> None:
+        for rec in read_to_end(self.config.kafka, self.config.kafka.incidents_topic, client_id="ckptwatch-detect"):
+            try:
+                d = json.loads(rec.value)
+                self.published[d["id"]] = Incident.from_dict(d).fingerprint()
+            except (ValueError, KeyError, TypeError):
+                continue  # not ours to judge here; the sink reports bad incident messages
+        self._refresh_published = False
+
+    def _feed(self, tp: TopicPartition, records: list[ConsumerRecord], now: dt.datetime) -> None:
+        events, bad = decode_events_skipping([r.value for r in records])
+        for i, e in bad:
+            self.stats.bad_messages += 1
+            self.on_message(f"{tp.topic} partition {tp.partition} offset {records[i].offset}: skipped: {e}")
+        replaying = sum(1 for r in records if r.offset < self.replay_until.get(tp, 0))
+        self.stats.replayed += replaying
+        self.stats.events += events.height
+        self.detectors[tp].process(events.iter_rows(named=True), now=now)
+        self.position[tp] = records[-1].offset + 1
+
+    def replaying(self, tp: TopicPartition) -> bool:
+        """True while ``tp`` is being replayed up to the offset committed before assignment."""
+        return self.position.get(tp, 0) < self.replay_until.get(tp, 0)
+
+    def step(self, *, now: dt.datetime | None = None) -> int:
+        """Poll, feed, publish what changed, commit. Returns the number of records consumed
+        (1 while not yet in the group, so that waiting to join is not mistaken for idleness)."""
+        records = self.member.poll(self.poll_timeout)
+        now = now or dt.datetime.now(dt.timezone.utc)
+        for tp in list(self._pending):
+            self.replay_until[tp] = self.member.committed(tp) or 0
+            self._pending.discard(tp)
+        by_tp: dict[TopicPartition, list[ConsumerRecord]] = {}
+        for r in records:
+            by_tp.setdefault(TopicPartition(r.topic, r.partition), []).append(r)
+        for tp, recs in by_tp.items():
+            if tp in self.detectors:
+                self._feed(tp, recs, now)
+        if self._refresh_published:
+            self._load_published()
+        changed: list[Incident] = []
+        for tp, det in sorted(self.detectors.items(), key=lambda kv: kv[0].partition):
+            if not self.replaying(tp):
+                changed += det.advance(now=now)
+        msgs = []
+        for inc in changed:
+            fp = inc.fingerprint()
+            if self.published.get(inc.id) != fp:
+                msgs.append((inc.id, fp, Message(self.config.kafka.incidents_topic, inc.id.encode(), encode_incident(inc))))
+        if msgs:
+            self.publisher.publish([m for _, _, m in msgs])
+            for iid, fp, _ in msgs:
+                self.published[iid] = fp
+            self.stats.incidents_published += len(msgs)
+            failpoints.hit("detect.after_publish")
+        commits = {tp: self.position[tp] for tp in by_tp
+                   if tp in self.position and self.position[tp] > self.replay_until.get(tp, 0)}
+        self.member.commit(commits)
+        return len(records) if self.joined else 1
+
+    def close(self) -> None:
+        self.member.close()
+        self.publisher.close()

@@ -1,0 +1,84 @@
+"""Entry points of the fleet services, shared by the CLI and by ``ckptwatch run --kafka``.
+
+Every function blocks until interrupted, or until ``until_idle`` seconds without work.
+``say`` receives progress and warnings as sentences (the CLI prints them to stderr).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ckptwatch.config import Config
+from ckptwatch.detectors import DetectorConfig, Incident
+from ckptwatch.pipeline import PipelineOptions
+from ckptwatch.rules import RuleSet
+from ckptwatch.services.collect import Collector
+from ckptwatch.services.detect import DetectorMember
+from ckptwatch.services.loop import run_steps
+from ckptwatch.services.sink import SinkMember
+from ckptwatch.sinks.duckdb_store import Store
+
+Say = Callable[[str], None]
+
+
+def collect(config: Config, options: PipelineOptions, *, once: bool, until_idle: float | None, say: Say) -> Collector:
+    """Run a collector; with ``once``, publish what the files hold now (last lines included)
+    and return. Returns the collector (closed) for its stats."""
+    collector = Collector(config, rules=RuleSet.load(options.rule_files), template=options.template,
+                          boot_time=options.boot_time, on_wait=say)
+    try:
+        if once:
+            collector.step(final=True)
+        else:
+            run_steps([collector.step], interval=config.collect.interval, until_idle=until_idle)
+    finally:
+        collector.close()
+    return collector
+
+
+def _detector_config(config: Config, options: PipelineOptions) -> DetectorConfig:
+    return DetectorConfig(allowed_lateness=config.detect.allowed_lateness, windows=options.detector.windows)
+
+
+def detect(config: Config, options: PipelineOptions, *, until_idle: float | None, say: Say) -> DetectorMember:
+    """Run one detector group member; returns it (closed) for its stats."""
+    member = DetectorMember(config, detector_config=_detector_config(config, options), on_message=say)
+    try:
+        run_steps([member.step], interval=config.detect.interval, until_idle=until_idle)
+    finally:
+        member.close()
+    return member
+
+
+def sink(config: Config, store: Store, *, until_idle: float | None, say: Say,
+         on_incident: Callable[[Incident], None] | None = None) -> SinkMember:
+    """Run the DuckDB sink into ``store`` (the caller closes it); returns the member (closed)."""
+    member = SinkMember(config, store, on_message=say, on_incident=on_incident)
+    try:
+        run_steps([member.step], interval=0.2, until_idle=until_idle)
+    finally:
+        member.close()
+    return member
+
+
+def run_all(config: Config, options: PipelineOptions, store: Store, *, once: bool, until_idle: float | None,
+            say: Say, on_incident: Callable[[Incident], None] | None = None) -> tuple[Collector, DetectorMember, SinkMember]:
+    """``ckptwatch run --kafka``: the three services in one process, linked by the broker.
+    With ``once``: publish the files' contents, then run detector and sink until idle for
+    ``until_idle`` seconds (default 5)."""
+    collector = Collector(config, rules=RuleSet.load(options.rule_files), template=options.template,
+                          boot_time=options.boot_time, on_wait=say)
+    member = DetectorMember(config, detector_config=_detector_config(config, options), on_message=say)
+    sinker = SinkMember(config, store, on_message=say, on_incident=on_incident)
+    try:
+        if once:
+            collector.step(final=True)
+            run_steps([member.step, sinker.step], interval=0.2, until_idle=until_idle or 5.0)
+        else:
+            run_steps([collector.step, member.step, sinker.step], interval=config.collect.interval,
+                      until_idle=until_idle)
+    finally:
+        collector.close()
+        member.close()
+        sinker.close()
+    return collector, member, sinker

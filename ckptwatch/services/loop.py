@@ -1,0 +1,24 @@
+"""Driving services: call their ``step()`` until interrupted, or until idle."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+
+def run_steps(steps: Sequence[Callable[[], int]], *, interval: float, until_idle: float | None = None) -> None:
+    """Call every step in turn, sleeping ``interval`` seconds after a round with no work.
+
+    Each step returns how much work it did (records, events). With ``until_idle`` (seconds)
+    return once no step has done any work for that long; otherwise run until interrupted
+    (KeyboardInterrupt, which the CLI also raises on SIGTERM)."""
+    last_work = time.monotonic()
+    while True:
+        work = sum(step() for step in steps)
+        now = time.monotonic()
+        if work:
+            last_work = now
+            continue
+        if until_idle is not None and now - last_work >= until_idle:
+            return
+        time.sleep(interval)

@@ -1,0 +1,63 @@
+"""The broker goes away for 10 s while a collector runs, then comes back: the collector says
+it is waiting, does not crash, and every line reaches DuckDB once. Runs its own broker
+(scripts/kafka-local), since it stops it."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from kafka_support import ckptwatch, cli_env, expected_lines, fresh_config, kafka_local, save_lines, stored_lines
+
+pytestmark = pytest.mark.kafka
+
+
+@pytest.fixture
+def own_broker(tmp_path):
+    local = kafka_local()
+    state = tmp_path / "broker"
+    try:
+        addr = local.start(state, None, 180.0)
+    except SystemExit as e:
+        pytest.fail(f"could not start the Kafka broker: {e}")
+    yield local, state, addr
+    local.stop(state, 10.0)
+
+
+def test_broker_restart_while_collecting(own_broker, tmp_path):
+    local, state, addr = own_broker
+    logs = tmp_path / "logs" / "job-outage"
+    logs.mkdir(parents=True)
+    log = logs / "rank0.log"
+    log.write_text("")
+    cfg = fresh_config(addr, tmp_path, partitions=2)
+    env = cli_env(cfg, CKPTWATCH_COLLECT_PATH_TEMPLATE="{job}/rank{rank}.log")
+    total, chunk = 2400, 100
+
+    def writer():
+        with open(log, "a") as f:
+            for first in range(0, total, chunk):
+                f.write(save_lines(first, chunk))
+                f.flush()
+                time.sleep(0.5)  # 12 s of writing, across the outage
+
+    collector = ckptwatch(["collect", str(tmp_path / "logs"), "--until-idle", "5"], env)
+    t = threading.Thread(target=writer)
+    t.start()
+    time.sleep(2.0)
+    local.stop(state, 10.0)
+    down = time.monotonic()
+    time.sleep(10.0)
+    assert collector.poll() is None, collector.communicate()[1]  # still running: waiting, not crashed
+    local.start(state, None, 180.0)  # same data dir, same port
+    outage = time.monotonic() - down
+    t.join()
+    _, err = collector.communicate(timeout=120)  # catches up, then exits once idle
+    assert collector.returncode == 0, err
+    assert "waiting for Kafka at " + addr in err
+    sink = ckptwatch(["sink", "--until-idle", "4"], env)
+    _, serr = sink.communicate(timeout=120)
+    assert sink.returncode == 0, serr
+    assert outage >= 10.0
+    assert stored_lines(cfg.sink.db) == expected_lines(total)
