@@ -20,6 +20,7 @@ from typing import Annotated, Any, TypeVar
 import duckdb
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from ckptwatch import config as config_mod
 from ckptwatch.config import Config
@@ -60,7 +61,7 @@ UntilIdleOpt = Annotated[float | None, typer.Option("--until-idle", help="Exit a
 
 
 def _fail(msg: str, code: int = 2) -> typer.Exit:
-    _err.print(f"[red]error:[/red] {msg}", soft_wrap=True)
+    _err.print(f"[red]error:[/red] {escape(msg)}", soft_wrap=True)
     return typer.Exit(code)
 
 
@@ -100,12 +101,12 @@ def diagnose_cmd(
         raise _fail(str(e)) from None
     if stats.files == 0 or stats.files == stats.skipped.get("unreadable_file", 0):
         for msg in stats.errors:
-            _err.print(f"[red]error:[/red] {msg}", soft_wrap=True)
+            _err.print(f"[red]error:[/red] {escape(msg)}", soft_wrap=True)
         raise _fail("no readable log file in " + ", ".join(paths))
     if as_json:
         sys.stdout.write(report.render_json(incidents, stats.to_dict()) + "\n")
         for msg in stats.errors:
-            _err.print(f"[yellow]warning:[/yellow] {msg}", soft_wrap=True)
+            _err.print(f"[yellow]warning:[/yellow] {escape(msg)}", soft_wrap=True)
     else:
         report.render_text(incidents, Console(highlight=False, soft_wrap=True), stats.to_dict())
     raise typer.Exit(1 if incidents else 0)
@@ -183,7 +184,7 @@ def _config(path: str | None, flags: dict[str, dict[str, object]], *, need_kafka
 
 
 def _say(msg: str) -> None:
-    _err.print(f"[yellow]{msg}[/yellow]", soft_wrap=True)
+    _err.print(f"[yellow]{escape(msg)}[/yellow]", soft_wrap=True)
 
 
 def _sigterm_as_interrupt() -> None:
@@ -194,6 +195,8 @@ def _sigterm_as_interrupt() -> None:
 
 def _serve(fn: Callable[[], T]) -> T | None:
     """Run a service until it returns or is interrupted; known failures become one-line errors."""
+    from kafka.errors import KafkaError
+
     from ckptwatch.ingest.checkpoint import CheckpointError
     from ckptwatch.kafka.admin import BrokerUnavailable
 
@@ -204,6 +207,8 @@ def _serve(fn: Callable[[], T]) -> T | None:
         return None
     except (RuleError, CheckpointError, BrokerUnavailable) as e:
         raise _fail(str(e)) from None
+    except KafkaError as e:  # refused by the broker: authorization, bad topic config, ...
+        raise _fail(f"Kafka: {e}") from None
 
 
 @app.command("collect")
@@ -295,8 +300,8 @@ def _open_store(path: str) -> Store:
 
 def _report_stats(stats: dict[str, Any], summary: str) -> None:
     for msg in stats["errors"]:
-        _err.print(f"[yellow]warning:[/yellow] {msg}", soft_wrap=True)
-    _err.print(f"[dim]{stats['files']} files, {stats['lines']} lines, {summary}[/dim]")
+        _err.print(f"[yellow]warning:[/yellow] {escape(msg)}", soft_wrap=True)
+    _err.print(f"[dim]{stats['files']} files, {stats['lines']} lines, {escape(summary)}[/dim]")
 
 
 @rules_app.command("check")
@@ -312,7 +317,7 @@ def rules_check(
             raise _fail(f"{f}: does not exist")
     n, errors = check_rule_files(files or [])
     for e in errors:
-        _err.print(f"[red]broken:[/red] {e}", soft_wrap=True)
+        _err.print(f"[red]broken:[/red] {escape(str(e))}", soft_wrap=True)
     if errors:
         raise typer.Exit(1)
     Console(highlight=False).print(f"{n} rules OK")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from kafka import KafkaAdminClient
 from kafka.admin import NewTopic
@@ -16,10 +17,12 @@ class BrokerUnavailable(Exception):
     """The broker did not answer within the time given; the message names the address."""
 
 
-def ensure_topics(settings: KafkaSettings, *, timeout: float = 60.0) -> None:
+def ensure_topics(settings: KafkaSettings, *, timeout: float = 60.0,
+                  on_wait: Callable[[str], None] | None = None) -> None:
     """Create ``settings.events_topic`` and ``settings.incidents_topic`` with
     ``settings.partitions`` partitions if they do not exist (an existing topic is left as it
-    is). Retries while the broker is unreachable, for up to ``timeout`` seconds.
+    is). Retries while the broker is unreachable, for up to ``timeout`` seconds, telling
+    ``on_wait`` so.
 
     Raises BrokerUnavailable after ``timeout``; KafkaError for a refusal (e.g. ACLs)."""
     deadline = time.monotonic() + timeout
@@ -28,6 +31,8 @@ def ensure_topics(settings: KafkaSettings, *, timeout: float = 60.0) -> None:
             admin = KafkaAdminClient(**configuration.common(settings, "ckptwatch-admin"))
             break
         except KafkaTimeoutError:  # "Unable to bootstrap": no broker answers
+            if on_wait:
+                on_wait(f"waiting for Kafka at {settings.bootstrap_servers} (no broker answers)")
             if time.monotonic() > deadline:
                 raise BrokerUnavailable(f"no Kafka broker at {settings.bootstrap_servers} after {timeout:.0f} s") from None
             time.sleep(1.0)

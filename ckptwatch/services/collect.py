@@ -55,7 +55,7 @@ class Collector:
             exclude=lambda p: os.path.abspath(p).startswith(own),
         )
         self.stats = self.watcher.stats
-        ensure_topics(config.kafka)
+        ensure_topics(config.kafka, on_wait=on_wait)
         self.publisher = Publisher(config.kafka, client_id="ckptwatch-collect", on_wait=on_wait)
         self.published = 0
 

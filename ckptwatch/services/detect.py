@@ -66,7 +66,7 @@ class DetectorMember:
         self._refresh_published = True
         self._pending: set[TopicPartition] = set()  # assigned; committed offset not looked up yet
         self.joined = False  # until the group coordinator assigned us partitions (maybe none)
-        ensure_topics(config.kafka)
+        ensure_topics(config.kafka, on_wait=self.on_message)
         self.publisher = Publisher(config.kafka, client_id="ckptwatch-detect", on_wait=self.on_message)
         self.member = GroupMember(config.kafka, config.detect.group, [config.kafka.events_topic],
                                   client_id="ckptwatch-detect", on_assigned=self._assigned, on_revoked=self._revoked)

@@ -46,7 +46,7 @@ class SinkMember:
         self.on_incident = on_incident or (lambda inc: None)
         self.poll_timeout = poll_timeout
         self.stats = SinkStats()
-        ensure_topics(config.kafka)
+        ensure_topics(config.kafka, on_wait=self.on_message)
         k = config.kafka
         self.joined = False  # until the group coordinator assigned us partitions
         self.member = GroupMember(k, config.sink.group, [k.events_topic, k.incidents_topic], client_id="ckptwatch-sink",
