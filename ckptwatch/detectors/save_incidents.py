@@ -18,6 +18,7 @@ completed on every expected rank.
 
 from __future__ import annotations
 
+import bisect
 import datetime as dt
 from dataclasses import dataclass
 
@@ -52,12 +53,25 @@ def _evidence(items: list[tuple[Ev, str]], state: JobState) -> list[EvidenceItem
     return out
 
 
-def _last_good(saves: dict[int, SaveState], step: int) -> dict | None:
-    good = [s for s in saves.values() if s.step < step and s.complete]
-    if not good:
+def _last_good(saves: dict[int, SaveState], complete_steps: list[int], step: int) -> dict | None:
+    """The newest complete save before ``step``; ``complete_steps`` sorted ascending."""
+    i = bisect.bisect_left(complete_steps, step)
+    if i == 0:
         return None
-    best = max(good, key=lambda s: s.step)
+    best = saves[complete_steps[i - 1]]
     return {"step": best.step, "path": best.path}
+
+
+def _next_start(saves: dict[int, SaveState]) -> dict[int, dt.datetime | None]:
+    """step -> the earliest first_ts of any later save (None if there is none)."""
+    out: dict[int, dt.datetime | None] = {}
+    earliest: dt.datetime | None = None
+    for step in sorted(saves, reverse=True):
+        out[step] = earliest
+        ts = saves[step].first_ts
+        if ts is not None and (earliest is None or ts < earliest):
+            earliest = ts
+    return out
 
 
 def evaluate(
@@ -74,6 +88,8 @@ def evaluate(
     saves = saves_of(state, events)
     job_failures = [e for e in events if e.kind in FAILURE_KINDS]
     out: list[Incident] = []
+    complete_steps = sorted(step for step, s in saves.items() if s.complete)
+    next_start = _next_start(saves)
     for step in sorted(saves):
         s = saves[step]
         if s.complete or s.first_ts is None:
@@ -84,11 +100,11 @@ def evaluate(
             key=lambda e: (e.ts, e.source_id, e.offset),
         )
         # failures that belong to a later save's window are that save's business
-        later = [x.first_ts for x in saves.values() if x.step > step and x.first_ts is not None]
-        if later:
-            failures = [e for e in failures if e.ts < min(later)]
+        later = next_start[step]
+        if later is not None:
+            failures = [e for e in failures if e.ts < later]
         save_items = [(e, "save") for e in (*s.started.values(), *s.finished.values(), *s.failed.values())]
-        last_good = _last_good(saves, step)
+        last_good = _last_good(saves, complete_steps, step)
         deaths = [e for e in failures if e.kind not in ("save_error", "job_failed")]
         settle = dt.timedelta(seconds=windows.settle)
         if deaths or any(e.kind == "job_failed" for e in failures):

@@ -90,12 +90,13 @@ def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
         else:
             s.failed.setdefault(rank, ev)
     multi_rank = any(len(set(s.started) | set(s.finished)) > 1 for s in saves.values())
+    seen_ranks = set().union(*(set(x.started) | set(x.finished) for x in saves.values())) - {-1} if saves else set()
     for s in saves.values():
         logged = set(s.started) | set(s.finished) | set(s.failed)
         if multi_rank and state.world_size:
             s.expected = set(range(state.world_size))
         elif multi_rank:
-            s.expected = set().union(*(set(x.started) | set(x.finished) for x in saves.values())) - {-1} or logged
+            s.expected = set(seen_ranks) or logged
         else:
             s.expected = logged
         for rank in s.expected - set(s.finished):
