@@ -10,6 +10,7 @@ Errors are one line naming the file (and line or rule) and the reason, never a t
 from __future__ import annotations
 
 import dataclasses
+import logging
 import datetime as dt
 import os
 import signal
@@ -175,6 +176,10 @@ def run_cmd(
 def _config(path: str | None, flags: dict[str, dict[str, object]], *, need_kafka: bool) -> Config:
     try:
         cfg = config_mod.load(path, flags=flags)
+        if cfg.kafka.enabled:
+            from ckptwatch.kafka.configuration import check_client_keys
+
+            check_client_keys(cfg.kafka)
     except config_mod.ConfigError as e:
         raise _fail(str(e)) from None
     if need_kafka and not cfg.kafka.enabled:
@@ -201,11 +206,12 @@ def _serve(fn: Callable[[], T]) -> T | None:
     from ckptwatch.kafka.admin import BrokerUnavailable
 
     _sigterm_as_interrupt()
+    logging.getLogger("kafka").setLevel(logging.CRITICAL)  # outages are reported by the services
     try:
         return fn()
     except KeyboardInterrupt:
         return None
-    except (RuleError, CheckpointError, BrokerUnavailable) as e:
+    except (RuleError, CheckpointError, BrokerUnavailable, config_mod.ConfigError) as e:
         raise _fail(str(e)) from None
     except KafkaError as e:  # refused by the broker: authorization, bad topic config, ...
         raise _fail(f"Kafka: {e}") from None

@@ -48,3 +48,23 @@ def test_bad_config_file_is_named(tmp_path):
     r = run(["detect", "--config", str(cfg)])
     assert r.returncode == 2
     assert f"{cfg}: [detect] groop: unknown key" in r.stderr
+
+
+def test_unknown_kafka_client_setting_is_named():
+    r = run(["detect", "--kafka", "127.0.0.1:1"], {"CKPTWATCH_KAFKA_CLIENT_SASL_PASWORD": "x"})
+    assert r.returncode == 2
+    assert "[kafka.client] sasl_pasword: not a kafka-python client setting" in r.stderr
+
+
+def test_client_settings_reach_only_the_clients_that_take_them():
+    from ckptwatch.config import KafkaSettings
+    from ckptwatch.kafka import configuration
+
+    s = KafkaSettings(bootstrap_servers="h:1", client={"linger_ms": 50, "security_protocol": "SSL",
+                                                       "max_poll_records": 10})
+    assert configuration.producer(s, "p")["linger_ms"] == 50
+    assert "linger_ms" not in configuration.admin(s, "a")
+    assert configuration.consumer(s, "c", "g")["max_poll_records"] == 10
+    assert "max_poll_records" not in configuration.producer(s, "p")
+    assert {configuration.admin(s, "a")["security_protocol"], configuration.producer(s, "p")["security_protocol"],
+            configuration.consumer(s, "c", None)["security_protocol"]} == {"SSL"}

@@ -28,7 +28,7 @@ def ensure_topics(settings: KafkaSettings, *, timeout: float = 60.0,
     deadline = time.monotonic() + timeout
     while True:
         try:
-            admin = KafkaAdminClient(**configuration.common(settings, "ckptwatch-admin"))
+            admin = KafkaAdminClient(**configuration.admin(settings, "ckptwatch-admin"))
             break
         except KafkaTimeoutError:  # "Unable to bootstrap": no broker answers
             if on_wait:

@@ -1,34 +1,52 @@
 """kafka-python settings derived from :class:`ckptwatch.config.KafkaSettings`.
 
-``KafkaSettings.client`` is passed verbatim to every client, so SASL / SSL settings
+``KafkaSettings.client`` is passed through to kafka-python, each key to the clients that
+accept it (security settings to all, ``linger_ms`` only to producers, ...), so SASL / SSL
 (``security_protocol``, ``sasl_mechanism``, ``sasl_plain_username``, ``sasl_plain_password``,
-``ssl_cafile``, ...) need no code here; names are kafka-python's (see its KafkaProducer docs).
+``ssl_cafile``, ...) need no code here; names are kafka-python's (its ``DEFAULT_CONFIG``).
+Pass-through values win over the defaults set here.
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
-from ckptwatch.config import KafkaSettings
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 
-#: kafka-python logs every failed connection attempt; the services report outages themselves.
-logging.getLogger("kafka").setLevel(logging.CRITICAL)
+from ckptwatch.config import ConfigError, KafkaSettings
+
+_CLIENTS = (KafkaProducer, KafkaConsumer, KafkaAdminClient)
 
 
-def common(settings: KafkaSettings, client_id: str) -> dict[str, Any]:
-    """Settings every client takes: bootstrap servers, client id, and the pass-through ones
-    (which win over anything set here). Reconnect backoff is capped at 2 s (kafka-python's
-    default, 30 s, would keep a collector idle long after a restarted broker is back)."""
+def check_client_keys(settings: KafkaSettings) -> None:
+    """Raises ConfigError naming every ``[kafka.client]`` key no kafka-python client knows."""
+    unknown = sorted(k for k in settings.client if not any(k in c.DEFAULT_CONFIG for c in _CLIENTS))
+    if unknown:
+        raise ConfigError(f"[kafka.client] {', '.join(unknown)}: not a kafka-python client setting")
+
+
+def _base(settings: KafkaSettings, client_id: str) -> dict[str, Any]:
+    check_client_keys(settings)
+    # Reconnect backoff capped at 2 s: kafka-python's default (30 s) would leave a collector
+    # idle long after a restarted broker is back.
     return {"bootstrap_servers": settings.bootstrap_servers.split(","), "client_id": client_id,
-            "bootstrap_timeout_ms": 5_000, "reconnect_backoff_max_ms": 2_000, **settings.client}
+            "bootstrap_timeout_ms": 5_000, "reconnect_backoff_max_ms": 2_000}
+
+
+def _passthrough(settings: KafkaSettings, cls: type) -> dict[str, Any]:
+    return {k: v for k, v in settings.client.items() if k in cls.DEFAULT_CONFIG}  # type: ignore[attr-defined]
+
+
+def admin(settings: KafkaSettings, client_id: str) -> dict[str, Any]:
+    """Settings of an admin client (topic creation)."""
+    return {**_base(settings, client_id), **_passthrough(settings, KafkaAdminClient)}
 
 
 def producer(settings: KafkaSettings, client_id: str) -> dict[str, Any]:
     """Durable publishing: ``acks=all`` and an idempotent producer (no duplicates from its own
     retries); up to 5 minutes of retries before a record is given up (``delivery_timeout_ms``)."""
     return {
-        **common(settings, client_id),
+        **_base(settings, client_id),
         "acks": "all",
         "enable_idempotence": True,
         "compression_type": None if settings.compression == "none" else settings.compression,
@@ -36,7 +54,7 @@ def producer(settings: KafkaSettings, client_id: str) -> dict[str, Any]:
         "retry_backoff_ms": 200,
         "delivery_timeout_ms": 300_000,
         "request_timeout_ms": 10_000,
-        **settings.client,
+        **_passthrough(settings, KafkaProducer),
     }
 
 
@@ -44,7 +62,7 @@ def consumer(settings: KafkaSettings, client_id: str, group: str | None) -> dict
     """A consumer that commits explicitly, starts at the earliest offset, and reads only
     committed records (``isolation_level=read_committed``)."""
     return {
-        **common(settings, client_id),
+        **_base(settings, client_id),
         "group_id": group,
         "enable_auto_commit": False,
         "auto_offset_reset": "earliest",
@@ -52,5 +70,5 @@ def consumer(settings: KafkaSettings, client_id: str, group: str | None) -> dict
         "max_poll_records": 5000,
         "session_timeout_ms": 10_000,
         "heartbeat_interval_ms": 1_000,
-        **settings.client,
+        **_passthrough(settings, KafkaConsumer),
     }
