@@ -62,4 +62,4 @@ def kafka_bootstrap(tmp_path_factory):
     except SystemExit as e:
         pytest.fail(f"could not start the Kafka broker: {e}")
     yield addr
-    local.stop(state)
+    local.stop(state, 10.0)
