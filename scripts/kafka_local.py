@@ -153,7 +153,7 @@ def start(state: Path, port: int | None, timeout: float) -> str:
     if not (state / "data" / "meta.properties").exists():
         cluster_id = uuid.uuid4().bytes[:16]
         cid = base64.urlsafe_b64encode(cluster_id).decode().rstrip("=")
-        res = subprocess.run(_java(lib, state, "kafka.tools.StorageTool", "format", "-t", cid, "-c", str(props)),
+        res = subprocess.run(_java(lib, state, "kafka.tools.StorageTool", "format", f"--cluster-id={cid}", "-c", str(props)),
                              capture_output=True, text=True)
         if res.returncode != 0:
             sys.exit(f"kafka-local: formatting storage failed:\n{res.stdout}{res.stderr}")
