@@ -264,8 +264,9 @@ def detect_cmd(
     m = _serve(lambda: launch.detect(cfg, PipelineOptions(), until_idle=until_idle, say=_say))
     if m is not None:
         s = m.stats
-        _err.print(f"[dim]{s.events} events ({s.replayed} replayed), {s.incidents_published} incident "
-                   f"versions published, {s.bad_messages} bad messages skipped[/dim]")
+        _err.print(f"[dim]{s.events} events ({s.replayed} replayed) in {s.rebalances} assignment(s), "
+                   f"{s.incidents_published} incident versions published, {s.bad_messages} bad messages "
+                   f"skipped[/dim]")
 
 
 @app.command("sink")

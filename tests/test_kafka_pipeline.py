@@ -3,12 +3,14 @@ one detector in-process and with two detector processes in one consumer group.""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import re
+import time
 
 import pytest
 from conftest import SCENARIOS
-from kafka_support import ckptwatch, cli_env, fresh_config, run_embedded, snapshot
+from kafka_support import ckptwatch, cli_env, fresh_config, run_embedded, snapshot, topic_messages
 
 from ckptwatch.pipeline import PipelineOptions
 from ckptwatch.services import launch
@@ -67,3 +69,51 @@ def test_whole_corpus_two_detector_processes(copy_scenario, kafka_bootstrap, tmp
     assert fleet["evidence"] == embedded["evidence"]
     assert fleet["event_keys"] == embedded["event_keys"]
     assert {r[4] for r in fleet["incidents"]} == {"job-0201-sigkill", "job-0301-timeout"}
+
+
+def test_rebalance_moves_partitions_without_changing_incidents(copy_scenario, kafka_bootstrap, tmp_path):
+    """Member A owns every partition and publishes; B joins (partitions move to B), then A
+    leaves (the rest move to B, which replays them). Same incidents, none published twice."""
+    for s in SCENARIOS:
+        copy_scenario(s)
+    embedded = run_embedded(tmp_path, tmp_path.parent / f"{tmp_path.name}-embedded.duckdb")
+    cfg = fresh_config(kafka_bootstrap, tmp_path.parent, partitions=4)
+    env = cli_env(cfg)
+    out, err = ckptwatch(["collect", str(tmp_path), "--once"], env).communicate(timeout=120)
+
+    a = ckptwatch(["detect"], env)
+    deadline = time.monotonic() + 120
+    while len(topic_messages(kafka_bootstrap, cfg.kafka.incidents_topic)) < 2:
+        assert time.monotonic() < deadline and a.poll() is None, "member A published nothing"
+        time.sleep(1.0)
+    b = ckptwatch(["detect", "--until-idle", "10"], env)
+    time.sleep(8.0)
+    a.terminate()  # SIGTERM: leaves the group cleanly
+    _, a_err = a.communicate(timeout=60)
+    assert a.returncode == 0, a_err
+    _, b_err = b.communicate(timeout=180)
+    assert b.returncode == 0, b_err
+    m = re.search(r"(\d+) events \((\d+) replayed\) in (\d+) assignment", b_err)
+    assert m and int(m.group(2)) > 0 and int(m.group(3)) >= 2, b_err  # B re-read A's partitions
+    _, serr = ckptwatch(["sink", "--until-idle", "6"], env).communicate(timeout=120)
+
+    fleet = snapshot(cfg.sink.db)
+    assert fleet["incidents"] == embedded["incidents"]
+    assert fleet["evidence"] == embedded["evidence"]
+    per_id = collections.Counter(m.key.decode() for m in topic_messages(kafka_bootstrap, cfg.kafka.incidents_topic))
+    assert sorted(per_id) == sorted(r[0] for r in embedded["incidents"])
+    assert set(per_id.values()) == {1}
+
+
+def test_run_with_kafka_flag_goes_through_the_broker(copy_scenario, kafka_bootstrap, tmp_path):
+    logs = copy_scenario("03-collective-timeout")
+    embedded = run_embedded(logs, tmp_path / "embedded.duckdb")
+    cfg = fresh_config(kafka_bootstrap, tmp_path, partitions=2)
+    env = {k: v for k, v in cli_env(cfg).items() if k != "CKPTWATCH_KAFKA_BOOTSTRAP_SERVERS"}
+    db = tmp_path / "run.duckdb"
+    p = ckptwatch(["run", "--kafka", kafka_bootstrap, "--logs", str(logs), "--db", str(db), "--once"], env)
+    out, err = p.communicate(timeout=180)
+    assert p.returncode == 0, err
+    assert "interrupted_save" in out and "job-0301-timeout" in out
+    assert snapshot(db) == embedded
+    assert len(topic_messages(kafka_bootstrap, cfg.kafka.events_topic)) == len(embedded["event_keys"])
