@@ -20,6 +20,7 @@ demo: setup
 	$(BIN)/python -c "import duckdb; duckdb.connect('demo.duckdb', read_only=True).sql(\"SELECT kind, job, step, root_cause_class, root_rank, collateral, last_good_step FROM incidents ORDER BY first_ts\").show(max_width=200)"
 
 test: setup
+	$(BIN)/ruff check ckptwatch tests benchmarks scripts
 	$(BIN)/python -m pytest -q
 
 clean:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import datetime as dt
 import os
 import signal
 import sys

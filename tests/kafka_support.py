@@ -14,7 +14,6 @@ import sys
 import uuid
 from pathlib import Path
 
-from kafka import KafkaConsumer, TopicPartition
 
 from ckptwatch.config import CollectSettings, Config, DetectSettings, KafkaSettings, SinkSettings
 
