@@ -110,3 +110,19 @@ def test_sink_kill9_after_write_before_commit(copy_scenario, kafka_bootstrap, tm
     finish(ckptwatch(["sink", "--until-idle", "4"], env))
     fleet = snapshot(cfg.sink.db)
     assert fleet == embedded
+
+
+def test_a_new_database_file_gets_everything(copy_scenario, kafka_bootstrap, tmp_path):
+    """The sink resumes from the offsets stored in its database, not the group's: a second
+    database file under the same group is filled from the start of the topics."""
+    logs = copy_scenario("02-sigkill-mid-save")
+    embedded = run_embedded(logs, tmp_path / "embedded.duckdb")
+    cfg = fresh_config(kafka_bootstrap, tmp_path, partitions=2)
+    env = cli_env(cfg)
+    finish(ckptwatch(["collect", str(logs), "--once"], env))
+    finish(ckptwatch(["detect", "--until-idle", "3"], env))
+    finish(ckptwatch(["sink", "--until-idle", "4"], env))
+    second = tmp_path / "moved.duckdb"
+    finish(ckptwatch(["sink", "--until-idle", "4", "--db", str(second)], env))
+    assert snapshot(cfg.sink.db) == embedded
+    assert snapshot(second) == embedded

@@ -54,6 +54,10 @@ class GroupMember:
         """The group's committed offset of ``tp`` (the next offset to read), None if none."""
         return self._consumer.committed(tp)
 
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        """Read ``tp`` from ``offset`` next (allowed inside the assignment callback)."""
+        self._consumer.seek(tp, offset)
+
     def seek_to_beginning(self, partitions: Iterable[TopicPartition]) -> None:
         self._consumer.seek_to_beginning(*partitions)
 

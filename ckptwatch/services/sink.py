@@ -1,10 +1,14 @@
 """``ckptwatch sink``: the events and incidents topics -> DuckDB.
 
-Each :meth:`SinkMember.step` polls both topics, inserts the events (``INSERT OR IGNORE`` on
-``(source_id, offset)``: a re-delivered or fanned-out event is stored once) and upserts the
-incidents by id (``detected_ts`` keeps its first value), and commits the consumer offsets
-only after the DuckDB transactions. A kill in between re-delivers the batch, which changes
-nothing. One sink process owns the database file (DuckDB allows one writer).
+Each :meth:`SinkMember.step` polls both topics and, in one DuckDB transaction, inserts the
+events (``INSERT OR IGNORE`` on ``(source_id, offset)``: a re-delivered or fanned-out event
+is stored once), upserts the incidents by id (``detected_ts`` keeps its first value) and
+records how far each partition was read (table ``kafka_offsets``). The database, not the
+consumer group, is the authority on where to resume: on assignment each partition is
+sought to the offset stored in the database, or to its beginning for a database that never
+saw it (a new or moved file gets everything, not nothing). The group's offsets are
+committed after the transaction too, for lag monitoring. One sink process owns the database
+file (DuckDB allows one writer).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ class SinkMember:
                  on_incident: Callable[[Incident], None] | None = None, poll_timeout: float = 0.5) -> None:
         self.config = config
         self.store = store
+        self._stored = store.kafka_offsets()  # (topic, partition) -> next offset, as in the database
         self.on_message = on_message or (lambda msg: None)
         self.on_incident = on_incident or (lambda inc: None)
         self.poll_timeout = poll_timeout
@@ -53,7 +58,14 @@ class SinkMember:
                                   on_assigned=self._assigned)
 
     def _assigned(self, partitions: set[TopicPartition]) -> None:
+        # runs on kafka-python's IO thread: seeks only (offsets from memory), no blocking call
         self.joined = True
+        for tp in partitions:
+            where = self._stored.get((tp.topic, tp.partition))
+            if where is None:
+                self.member.seek_to_beginning([tp])
+            else:
+                self.member.seek(tp, where)
 
     def _bad(self, r: ConsumerRecord, e: Exception) -> None:
         self.stats.bad_messages += 1
@@ -82,11 +94,13 @@ class SinkMember:
         for i, e in bad:
             self._bad(event_recs[i], e)
         self.stats.events_received += events.height
-        self.stats.events_inserted += self.store.commit_batch(events, [])
-        if incidents:
-            self.stats.incidents_upserted += self.store.upsert_incidents(incidents.values())
-            for inc in incidents.values():
-                self.on_incident(inc)
+        done = {(tp.topic, tp.partition): off for tp, off in offsets.items()}
+        added, written = self.store.commit_kafka_batch(events, incidents.values(), done)
+        self._stored.update(done)
+        self.stats.events_inserted += added
+        self.stats.incidents_upserted += written
+        for inc in incidents.values():
+            self.on_incident(inc)
         failpoints.hit("sink.after_write")
         self.member.commit(offsets)
         return len(records)

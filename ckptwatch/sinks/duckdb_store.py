@@ -18,9 +18,10 @@ Tables (timestamps are ``TIMESTAMPTZ``, UTC):
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 
 import duckdb
 import polars as pl
@@ -48,6 +49,8 @@ CREATE TABLE IF NOT EXISTS incident_evidence (
     incident_id VARCHAR, seq INTEGER, source_id VARCHAR, "offset" BIGINT, role VARCHAR, ts TIMESTAMPTZ,
     kind VARCHAR, rank INTEGER, host VARCHAR, rule_id VARCHAR, line VARCHAR,
     PRIMARY KEY (incident_id, seq));
+CREATE TABLE IF NOT EXISTS kafka_offsets (
+    topic VARCHAR, "partition" INTEGER, next_offset BIGINT, updated_ts TIMESTAMPTZ, PRIMARY KEY (topic, "partition"));
 """
 
 #: A source's row: ``(source_id, file, committed_offset, job)``, optionally ``head_hash`` last.
@@ -73,22 +76,13 @@ class Store:
         ``(source_id, file, offset, job[, head_hash])`` in one transaction. Returns the
         number of new events."""
         now = dt.datetime.now(dt.timezone.utc)
-        self.con.execute("BEGIN")
-        try:
-            before = self.con.execute("SELECT count(*) FROM events").fetchone()[0]
-            if not events.is_empty():
-                arrow = events.select(list(EVENT_SCHEMA)).to_arrow()  # noqa: F841 (read by DuckDB)
-                self.con.execute(f"INSERT OR IGNORE INTO events ({_EVENT_COLS}) SELECT {_EVENT_COLS} FROM arrow")
+        with self._transaction():
+            added = self._insert_events(events)
             rows = [(sid, f, off, job, now, rest[0] if rest else None) for sid, f, off, job, *rest in offsets]
             if rows:
                 self.con.executemany("INSERT OR REPLACE INTO sources (source_id, file, committed_offset, job, "
                                      "updated_ts, head_hash) VALUES (?, ?, ?, ?, ?, ?)", rows)
-            after = self.con.execute("SELECT count(*) FROM events").fetchone()[0]
-            self.con.execute("COMMIT")
-        except Exception:
-            self.con.execute("ROLLBACK")
-            raise
-        return after - before
+        return added
 
     def committed_offsets(self) -> dict[str, tuple[int, str | None]]:
         """``source_id`` -> (offset from which tailing resumes, job learned so far)."""
@@ -107,38 +101,76 @@ class Store:
     def upsert_incidents(self, incidents: Iterable[Incident]) -> int:
         """Insert or update incidents and replace their evidence rows; returns how many."""
         now = dt.datetime.now(dt.timezone.utc)
-        n = 0
+        with self._transaction():
+            n = self._upsert(incidents, now)
+        return n
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
         self.con.execute("BEGIN")
         try:
-            for inc in incidents:
-                rc = inc.root_cause
-                lg = inc.last_good_checkpoint or {}
-                self.con.execute(
-                    """INSERT INTO incidents VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
-                       ON CONFLICT (id) DO UPDATE SET kind=excluded.kind, severity=excluded.severity,
-                       status=excluded.status, job=excluded.job, step=excluded.step,
-                       checkpoint_path=excluded.checkpoint_path, root_cause_class=excluded.root_cause_class,
-                       root_rank=excluded.root_rank, root_host=excluded.root_host, root_pid=excluded.root_pid,
-                       root_ts=excluded.root_ts, root_line=excluded.root_line, root_cause=excluded.root_cause,
-                       collateral=excluded.collateral, checkpoint_state=excluded.checkpoint_state,
-                       last_good_step=excluded.last_good_step, last_good_path=excluded.last_good_path,
-                       remediation=excluded.remediation, first_ts=excluded.first_ts,
-                       updated_ts=excluded.updated_ts""",
-                    [inc.id, inc.kind, inc.severity, inc.status, inc.job, inc.step, inc.checkpoint_path,
-                     rc.cls if rc else None, rc.rank if rc else None, rc.host if rc else None,
-                     rc.pid if rc else None, rc.ts if rc else None, rc.line if rc else None,
-                     json.dumps(rc.to_dict()) if rc else None, inc.collateral,
-                     json.dumps(inc.checkpoint_state), lg.get("step"), lg.get("path"), inc.remediation,
-                     inc.first_ts, inc.detected_ts or now, now],
-                )
-                self.con.execute("DELETE FROM incident_evidence WHERE incident_id = ?", [inc.id])
-                rows = [(inc.id, i, e.source_id, e.offset, e.role, e.ts, e.kind, e.rank, e.host, e.rule_id, e.line)
-                        for i, e in enumerate(inc.evidence)]
-                if rows:
-                    self.con.executemany("INSERT INTO incident_evidence VALUES (?,?,?,?,?,?,?,?,?,?,?)", rows)
-                n += 1
-            self.con.execute("COMMIT")
-        except Exception:
+            yield
+        except BaseException:
             self.con.execute("ROLLBACK")
             raise
+        self.con.execute("COMMIT")
+
+    def _insert_events(self, events: pl.DataFrame) -> int:
+        """Insert events, ignoring ``(source_id, offset)`` already stored; returns how many were new."""
+        if events.is_empty():
+            return 0
+        before = self.con.execute("SELECT count(*) FROM events").fetchone()[0]  # type: ignore[index]
+        arrow = events.select(list(EVENT_SCHEMA)).to_arrow()  # noqa: F841 (read by DuckDB)
+        self.con.execute(f"INSERT OR IGNORE INTO events ({_EVENT_COLS}) SELECT {_EVENT_COLS} FROM arrow")
+        return int(self.con.execute("SELECT count(*) FROM events").fetchone()[0]) - before  # type: ignore[index]
+
+    def _upsert(self, incidents: Iterable[Incident], now: dt.datetime) -> int:
+        n = 0
+        for inc in incidents:
+            rc = inc.root_cause
+            lg = inc.last_good_checkpoint or {}
+            self.con.execute(
+                """INSERT INTO incidents VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
+                   ON CONFLICT (id) DO UPDATE SET kind=excluded.kind, severity=excluded.severity,
+                   status=excluded.status, job=excluded.job, step=excluded.step,
+                   checkpoint_path=excluded.checkpoint_path, root_cause_class=excluded.root_cause_class,
+                   root_rank=excluded.root_rank, root_host=excluded.root_host, root_pid=excluded.root_pid,
+                   root_ts=excluded.root_ts, root_line=excluded.root_line, root_cause=excluded.root_cause,
+                   collateral=excluded.collateral, checkpoint_state=excluded.checkpoint_state,
+                   last_good_step=excluded.last_good_step, last_good_path=excluded.last_good_path,
+                   remediation=excluded.remediation, first_ts=excluded.first_ts,
+                   updated_ts=excluded.updated_ts""",
+                [inc.id, inc.kind, inc.severity, inc.status, inc.job, inc.step, inc.checkpoint_path,
+                 rc.cls if rc else None, rc.rank if rc else None, rc.host if rc else None,
+                 rc.pid if rc else None, rc.ts if rc else None, rc.line if rc else None,
+                 json.dumps(rc.to_dict()) if rc else None, inc.collateral,
+                 json.dumps(inc.checkpoint_state), lg.get("step"), lg.get("path"), inc.remediation,
+                 inc.first_ts, inc.detected_ts or now, now],
+            )
+            self.con.execute("DELETE FROM incident_evidence WHERE incident_id = ?", [inc.id])
+            rows = [(inc.id, i, e.source_id, e.offset, e.role, e.ts, e.kind, e.rank, e.host, e.rule_id, e.line)
+                    for i, e in enumerate(inc.evidence)]
+            if rows:
+                self.con.executemany("INSERT INTO incident_evidence VALUES (?,?,?,?,?,?,?,?,?,?,?)", rows)
+            n += 1
         return n
+
+    def kafka_offsets(self) -> dict[tuple[str, int], int]:
+        """``(topic, partition)`` -> next offset to read, as stored with the data it covers."""
+        rows = self.con.execute('SELECT topic, "partition", next_offset FROM kafka_offsets').fetchall()
+        return {(t, p): o for t, p, o in rows}
+
+    def commit_kafka_batch(self, events: pl.DataFrame, incidents: Iterable[Incident],
+                           offsets: Mapping[tuple[str, int], int]) -> tuple[int, int]:
+        """Events, incidents and the Kafka offsets ``(topic, partition) -> next offset`` they
+        were read up to, in one transaction: the database says itself how far it is, so a
+        new database file re-reads the topics from their start and a crash re-reads only
+        what was not committed here. Returns (new events, incidents written)."""
+        now = dt.datetime.now(dt.timezone.utc)
+        with self._transaction():
+            added = self._insert_events(events)
+            n = self._upsert(incidents, now)
+            rows = [(t, p, o, now) for (t, p), o in offsets.items()]
+            if rows:
+                self.con.executemany("INSERT OR REPLACE INTO kafka_offsets VALUES (?, ?, ?, ?)", rows)
+        return added, n
