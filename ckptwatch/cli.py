@@ -51,12 +51,12 @@ RulesOpt = Annotated[list[str] | None, typer.Option("--rules", help="Extra rule 
 
 KafkaOpt = Annotated[str | None, typer.Option("--kafka", help="Kafka bootstrap servers HOST:PORT[,...] "
                                                "(fleet mode; also CKPTWATCH_KAFKA_BOOTSTRAP_SERVERS or the "
-                                               "config file's [kafka] bootstrap_servers).")]
+                                               "config file's kafka.bootstrap_servers).")]
 ConfigOpt = Annotated[str | None, typer.Option("--config", help="TOML config file (default $CKPTWATCH_CONFIG); "
                                                 "flags and CKPTWATCH_* variables override it.")]
 PartitionsOpt = Annotated[int | None, typer.Option("--partitions", help="Partitions of a topic created "
                                                     "because it is missing (default 6).")]
-UntilIdleOpt = Annotated[float | None, typer.Option("--until-idle", help="Exit after this many seconds "
+UntilIdleOpt = Annotated[float | None, typer.Option("--until-idle", min=0, help="Exit after this many seconds "
                                                      "without new input (default: run until stopped).")]
 
 
@@ -187,6 +187,10 @@ def _config(path: str | None, flags: dict[str, dict[str, object]], *, need_kafka
     return cfg
 
 
+def _info(msg: str) -> None:
+    _err.print(f"[dim]{escape(msg)}[/dim]", soft_wrap=True)
+
+
 def _say(msg: str) -> None:
     _err.print(f"[yellow]{escape(msg)}[/yellow]", soft_wrap=True)
 
@@ -219,7 +223,7 @@ def _serve(fn: Callable[[], T]) -> T | None:
 @app.command("collect")
 def collect_cmd(
     paths: Annotated[list[str] | None, typer.Argument(help="Log files, directories or glob patterns "
-                                                           "('/var/log/train/**/*.log'); default: [collect] paths.")] = None,
+                                                           "('/var/log/train/**/*.log'); default: collect.paths of the config.")] = None,
     kafka: KafkaOpt = None,
     config: ConfigOpt = None,
     checkpoint: Annotated[str | None, typer.Option("--checkpoint", help="File holding each source's offset "
@@ -238,13 +242,17 @@ def collect_cmd(
                            "collect": {"paths": paths or None, "checkpoint": checkpoint,
                                        "path_template": path_template, "boot_time": boot_time}}, need_kafka=True)
     if not cfg.collect.paths:
-        raise _fail("nothing to collect: give paths, or [collect] paths in the config file")
+        raise _fail("nothing to collect: give paths, or paths in the config file's collect section")
     if not cfg.collect.checkpoint:
         cfg = dataclasses.replace(cfg, collect=dataclasses.replace(cfg.collect, checkpoint="ckptwatch-collect.json"))
     options = _options(cfg.collect.path_template or None, cfg.collect.boot_time or None, rules)
+    _info(f"collect: {', '.join(cfg.collect.paths)} -> {cfg.kafka.events_topic} at {cfg.kafka.bootstrap_servers}; "
+          f"offsets in {cfg.collect.checkpoint}")
     c = _serve(lambda: launch.collect(cfg, options, once=once, until_idle=until_idle, say=_say))
     if c is not None:
         _report_stats(c.stats.to_dict(), f"{c.published} events published to {cfg.kafka.events_topic}")
+        if once and c.stats.files == 0:
+            raise _fail("nothing was read: no file matches " + ", ".join(cfg.collect.paths))
 
 
 @app.command("detect")
@@ -260,12 +268,14 @@ def detect_cmd(
 
     cfg = _config(config, {"kafka": {"bootstrap_servers": kafka, "partitions": partitions},
                            "detect": {"group": group}}, need_kafka=True)
+    _info(f"detect: group {cfg.detect.group}, {cfg.kafka.events_topic} -> {cfg.kafka.incidents_topic} "
+          f"at {cfg.kafka.bootstrap_servers}")
     m = _serve(lambda: launch.detect(cfg, PipelineOptions(), until_idle=until_idle, say=_say))
     if m is not None:
         s = m.stats
         _err.print(f"[dim]{s.events} events ({s.replayed} replayed) in {s.rebalances} assignment(s), "
                    f"{s.incidents_published} incident versions published, {s.bad_messages} bad messages "
-                   f"skipped[/dim]")
+                   f"skipped[/dim]", soft_wrap=True)
 
 
 @app.command("sink")
@@ -283,6 +293,8 @@ def sink_cmd(
     cfg = _config(config, {"kafka": {"bootstrap_servers": kafka, "partitions": partitions},
                            "sink": {"db": db, "group": group}}, need_kafka=True)
     store = _open_store(cfg.sink.db)
+    _info(f"sink: group {cfg.sink.group}, {cfg.kafka.events_topic} + {cfg.kafka.incidents_topic} at "
+          f"{cfg.kafka.bootstrap_servers} -> {cfg.sink.db}")
     console = Console(highlight=False, soft_wrap=True)
     try:
         m = _serve(lambda: launch.sink(cfg, store, until_idle=until_idle, say=_say,
@@ -292,7 +304,7 @@ def sink_cmd(
     if m is not None:
         s = m.stats
         _err.print(f"[dim]{s.events_inserted} new events, {s.incidents_upserted} incident writes, "
-                   f"{s.bad_messages} bad messages skipped; database {cfg.sink.db}[/dim]")
+                   f"{s.bad_messages} bad messages skipped; database {escape(cfg.sink.db)}[/dim]", soft_wrap=True)
 
 
 def _open_store(path: str) -> Store:
@@ -307,7 +319,7 @@ def _open_store(path: str) -> Store:
 def _report_stats(stats: dict[str, Any], summary: str) -> None:
     for msg in stats["errors"]:
         _err.print(f"[yellow]warning:[/yellow] {escape(msg)}", soft_wrap=True)
-    _err.print(f"[dim]{stats['files']} files, {stats['lines']} lines, {escape(summary)}[/dim]")
+    _err.print(f"[dim]{stats['files']} files, {stats['lines']} lines, {escape(summary)}[/dim]", soft_wrap=True)
 
 
 @rules_app.command("check")

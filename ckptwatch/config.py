@@ -104,6 +104,33 @@ class Config:
 
 _SECTIONS: dict[str, type] = typing.get_type_hints(Config)
 
+#: ``CKPTWATCH_*`` variables that are not config keys: the config file's path, test
+#: failpoints (:mod:`ckptwatch.failpoints`), the test broker, scripts/kafka-local's cache.
+NOT_CONFIG_VARIABLES = frozenset({"CKPTWATCH_CONFIG", "CKPTWATCH_FAILPOINTS", "CKPTWATCH_TEST_KAFKA",
+                                  "CKPTWATCH_KAFKA_CACHE"})
+
+_COMPRESSION = ("gzip", "none")
+
+
+def _check_bootstrap(value: str) -> str | None:
+    for server in filter(None, (v.strip() for v in value.split(","))):
+        host, sep, port = server.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            return f"{server!r} is not HOST:PORT"
+    return None
+
+
+#: (section, key) -> check returning a reason when the (coerced) value is not usable
+_CHECKS: dict[tuple[str, str], Any] = {
+    ("kafka", "bootstrap_servers"): _check_bootstrap,
+    ("kafka", "partitions"): lambda v: None if v >= 1 else "must be at least 1",
+    ("kafka", "replication_factor"): lambda v: None if v >= 1 else "must be at least 1",
+    ("kafka", "compression"): lambda v: None if v in _COMPRESSION else f"must be one of {', '.join(_COMPRESSION)}",
+    ("collect", "interval"): lambda v: None if v > 0 else "must be more than 0 seconds",
+    ("detect", "interval"): lambda v: None if v > 0 else "must be more than 0 seconds",
+    ("detect", "allowed_lateness"): lambda v: None if v >= 0 else "must be 0 seconds or more",
+}
+
 
 def _coerce(value: Any, typ: Any, where: str) -> Any:
     origin = typing.get_origin(typ)
@@ -177,12 +204,13 @@ def from_env(env: Mapping[str, str]) -> dict[str, dict[str, Any]]:
     """The ``CKPTWATCH_<SECTION>_<KEY>`` variables as a config layer (strings, coerced later)."""
     out: dict[str, dict[str, Any]] = {}
     for name, value in env.items():
-        if not name.startswith("CKPTWATCH_") or name == "CKPTWATCH_CONFIG":
+        if not name.startswith("CKPTWATCH_") or name in NOT_CONFIG_VARIABLES:
             continue
         rest = name[len("CKPTWATCH_"):].lower()
         section, _, key = rest.partition("_")
         if section not in _SECTIONS or not key:
-            continue
+            raise ConfigError(f"environment: {name}: no config section {section!r} "
+                              f"(CKPTWATCH_<SECTION>_<KEY>, sections: {', '.join(_SECTIONS)})")
         if section == "kafka" and key.startswith("client_"):
             out.setdefault("kafka", {}).setdefault("client", {})[key[len("client_"):]] = value
         else:
@@ -213,6 +241,10 @@ def build(layers: list[tuple[str, Mapping[str, Mapping[str, Any]]]]) -> Config:
             if k not in hints:
                 raise ConfigError(f"{where}: unknown key (known: {', '.join(hints)})")
             kwargs[k] = _coerce(v, hints[k], where)
+            check = _CHECKS.get((section, k))
+            reason = check(kwargs[k]) if check else None
+            if reason:
+                raise ConfigError(f"{where}: {reason} (got {v!r})")
         sections[section] = cls(**kwargs)
     return Config(**sections)
 

@@ -81,3 +81,23 @@ def test_example_config_file_loads():
     assert cfg.kafka.bootstrap_servers == "127.0.0.1:9092"
     assert cfg.collect.path_template == "{job}/rank{rank}.log"
     assert cfg.sink.group == "ckptwatch-sink"
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"CKPTWATCH_KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:notaport"}, "'127.0.0.1:notaport' is not HOST:PORT"),
+    ({"CKPTWATCH_KAFKA_BOOTSTRAP_SERVERS": "9092"}, "'9092' is not HOST:PORT"),
+    ({"CKPTWATCH_KAFKA_COMPRESSION": "zstd"}, "[kafka] compression: must be one of gzip, none"),
+    ({"CKPTWATCH_KAFKA_PARTITIONS": "0"}, "[kafka] partitions: must be at least 1"),
+    ({"CKPTWATCH_DETECT_ALLOWED_LATENESS": "-5"}, "[detect] allowed_lateness: must be 0 seconds or more"),
+    ({"CKPTWATCH_DETCT_GROUP": "x"}, "CKPTWATCH_DETCT_GROUP: no config section 'detct'"),
+])
+def test_unusable_values_are_refused(env, message):
+    with pytest.raises(config.ConfigError) as e:
+        config.load(env=env)
+    assert message in str(e.value)
+
+
+def test_non_config_variables_are_ignored():
+    cfg = config.load(env={"CKPTWATCH_FAILPOINTS": "x", "CKPTWATCH_KAFKA_CACHE": "/tmp/k",
+                           "CKPTWATCH_KAFKA_BOOTSTRAP_SERVERS": "a:1,b:2"})
+    assert cfg.kafka.bootstrap_servers == "a:1,b:2"

@@ -72,7 +72,7 @@ class FileCheckpointer:
         try:
             doc = json.loads(text)
         except json.JSONDecodeError as e:
-            raise CheckpointError(f"checkpoint file {self.path}: not valid JSON ({e.msg} at line {e.lineno}, "
+            raise CheckpointError(f"checkpoint file {self.path}: not valid JSON ({e.msg}; line {e.lineno}, "
                                   f"column {e.colno}); move it aside to start over from the beginning of "
                                   "every file") from None
         return {c.source_id: c for c in self._entries(doc)}

@@ -39,12 +39,13 @@ def decode_events(values: list[bytes]) -> pl.DataFrame:
     Raises DecodeError when a value is not a JSON event (the caller names the message)."""
     if not values:
         return pl.DataFrame(schema=EVENT_SCHEMA)
+    what = f"{values[0][:80]!r}" if len(values) == 1 else f"a batch of {len(values)} messages"
     try:
         wire = pl.read_ndjson(io.BytesIO(b"\n".join(values)), schema=_WIRE_SCHEMA)
-    except Exception as e:  # polars raises several types for bad JSON
-        raise DecodeError(f"not an events batch: {e}") from None
+    except Exception:  # polars raises several types for bad JSON
+        raise DecodeError(f"not a ckptwatch event (a JSON object with ts, kind, source_id, offset, ...): {what}") from None
     if wire["kind"].null_count() or wire["source_id"].null_count() or wire["ts"].null_count():
-        raise DecodeError("an event without kind, source_id or ts")
+        raise DecodeError(f"a ckptwatch event needs kind, source_id and ts: {what}")
     return wire.with_columns(pl.from_epoch(pl.col("ts"), time_unit="ns").cast(TS))
 
 
@@ -55,9 +56,15 @@ def encode_incident(inc: Incident) -> bytes:
 def decode_incident(value: bytes) -> Incident:
     """Raises DecodeError when the value is not an incident."""
     try:
-        return Incident.from_dict(json.loads(value))
-    except (ValueError, KeyError, TypeError) as e:
-        raise DecodeError(f"not an incident: {e!r}") from None
+        d = json.loads(value)
+    except ValueError:
+        raise DecodeError(f"not JSON: {value[:80]!r}") from None
+    try:
+        return Incident.from_dict(d)
+    except KeyError as e:
+        raise DecodeError(f"not a ckptwatch incident: no field {e}") from None
+    except (ValueError, TypeError, AttributeError) as e:
+        raise DecodeError(f"not a ckptwatch incident: {e}") from None
 
 
 def decode_events_skipping(values: list[bytes]) -> tuple[pl.DataFrame, list[tuple[int, DecodeError]]]:
