@@ -69,6 +69,9 @@ def test_whole_corpus_two_detector_processes(copy_scenario, kafka_bootstrap, tmp
     assert fleet["evidence"] == embedded["evidence"]
     assert fleet["event_keys"] == embedded["event_keys"]
     assert {r[4] for r in fleet["incidents"]} == {"job-0201-sigkill", "job-0301-timeout"}
+    # a backlog is read to its end before incidents are asked for: one version each
+    per_id = collections.Counter(m.key.decode() for m in topic_messages(kafka_bootstrap, cfg.kafka.incidents_topic))
+    assert per_id == {r[0]: 1 for r in fleet["incidents"]}
 
 
 def test_rebalance_moves_partitions_without_changing_incidents(copy_scenario, kafka_bootstrap, tmp_path):

@@ -54,6 +54,10 @@ class GroupMember:
         """The group's committed offset of ``tp`` (the next offset to read), None if none."""
         return self._consumer.committed(tp)
 
+    def highwater(self, tp: TopicPartition) -> int | None:
+        """The partition's end offset as of the last fetch (no request made); None before one."""
+        return self._consumer.highwater(tp)
+
     def seek(self, tp: TopicPartition, offset: int) -> None:
         """Read ``tp`` from ``offset`` next (allowed inside the assignment callback)."""
         self._consumer.seek(tp, offset)

@@ -6,7 +6,7 @@ partition). Incidents are a function of the events alone, so state needs no chan
 its own: when a partition is assigned (at start, after a crash, or in a rebalance), the
 member seeks to its beginning and replays it. Until the replay reaches the group's
 committed offset the detector is only fed, not asked for incidents, so it cannot republish
-a stale intermediate version.
+a stale intermediate version; nor is it asked while the partition has a backlog.
 
 What was already published is read back from the incidents topic (id -> fingerprint of the
 latest version) when partitions are assigned; an incident is published only when it is new
@@ -118,6 +118,13 @@ class DetectorMember:
         """True while ``tp`` is being replayed up to the offset committed before assignment."""
         return self.position.get(tp, 0) < self.replay_until.get(tp, 0)
 
+    def behind(self, tp: TopicPartition) -> bool:
+        """True while more of ``tp`` is known to be waiting than was read: incidents are
+        asked for once a partition is caught up, so a backlog yields one version of an
+        incident, not one per batch as its evidence arrives."""
+        end = self.member.highwater(tp)
+        return end is not None and self.position.get(tp, 0) < end
+
     def step(self, *, now: dt.datetime | None = None) -> int:
         """Poll, feed, publish what changed, commit. Returns the number of records consumed
         (1 while not yet in the group, so that waiting to join is not mistaken for idleness)."""
@@ -136,7 +143,7 @@ class DetectorMember:
             self._load_published()
         changed: list[Incident] = []
         for tp, det in sorted(self.detectors.items(), key=lambda kv: kv[0].partition):
-            if not self.replaying(tp):
+            if not self.replaying(tp) and not self.behind(tp):
                 changed += det.advance(now=now)
         msgs = []
         for inc in changed:
