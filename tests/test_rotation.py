@@ -426,3 +426,164 @@ def test_checkpoints_keep_an_unfollowed_source_for_a_few_polls_only(tmp_path):
         kept = old_id in {c.source_id for c in w.checkpoints()}
         assert kept == (i <= 3), i
     w.close()
+
+
+def test_copytruncate_copy_under_a_name_the_paths_do_not_match_is_read_from_the_old_offset(tmp_path):
+    log, copy = tmp_path / "rank0.log", tmp_path / "rank0.log.1"
+    log.write_text(lines("gen1", 3))
+    w = SourceWatcher([str(tmp_path / "*.log")], flush_after=0)  # the copy's name is not matched
+    got = [w.poll(now=at(0))]
+    append(log, lines("gen1", 2, start=3))  # after our last read, before the copy
+    shutil.copyfile(log, copy)
+    os.truncate(log, 0)
+    log.write_text(lines("gen2", 2))
+    got.append(w.poll(now=at(1)))
+    assert texts(got[-1].filter(pl.col("file") == str(copy))) == ["gen1 line 3", "gen1 line 4"]
+    assert open_fds(copy) == []  # read to its end and dropped: it may be rewritten at the next rotation
+    append(log, lines("gen2", 1, start=2))
+    got.append(w.poll(now=at(2)))
+    append(log, lines("gen2", 2, start=3))
+    inode = copy.stat().st_ino
+    shutil.copyfile(log, copy)  # rewritten in place: the same inode as the first copy
+    assert copy.stat().st_ino == inode
+    os.truncate(log, 0)
+    log.write_text(lines("gen3", 1))
+    got.append(w.poll(now=at(3)))
+    assert texts(got[-1].filter(pl.col("file") == str(copy))) == ["gen2 line 3", "gen2 line 4"]
+    got.append(w.poll(now=at(4)))
+    records = pl.concat(got)
+    assert_no_repeat(records)
+    assert sorted(texts(records)) == sorted([f"gen1 line {i}" for i in range(5)] + [f"gen2 line {i}" for i in range(5)]
+                                            + ["gen3 line 0"])
+    assert w.stats.errors == []
+    w.close()
+
+
+def test_copytruncate_twice_between_two_polls_reads_both_copies_once(tmp_path):
+    log, copy1, copy2 = tmp_path / "rank0.log", tmp_path / "rank0.log.1", tmp_path / "rank0.log.2"
+    copy2.write_text(lines("archive", 2))  # an old rotation from before we started: not read
+    os.utime(copy2, ns=(0, 0))
+    log.write_text(lines("gen1", 3))
+    w = SourceWatcher([str(tmp_path / "*.log")], flush_after=0)
+    got = [w.poll(now=at(0))]
+    append(log, lines("gen1", 1, start=3))
+    os.utime(log, ns=(10**9, 10**9))  # the mtime our poll sees, older than every copy made since
+    got.append(w.poll(now=at(1)))
+    for gen, start in (("gen1", 4), ("gen2", 0)):  # logrotate twice, as the collector was blocked
+        append(log, lines(gen, 2, start=start))
+        if copy1.exists():
+            copy2.unlink()
+            copy1.rename(copy2)
+        shutil.copyfile(log, copy1)
+        os.truncate(log, 0)
+    log.write_text(lines("gen3", 1))
+    got.append(w.poll(now=at(2)))
+    got.append(w.poll(now=at(3)))
+    records = pl.concat(got)
+    assert_no_repeat(records)
+    assert sorted(texts(records)) == sorted([f"gen1 line {i}" for i in range(6)] + ["gen2 line 0", "gen2 line 1",
+                                                                                    "gen3 line 0"])
+    assert open_fds(copy1) == open_fds(copy2) == []
+    w.close()
+
+
+def test_a_file_created_and_renamed_away_between_two_polls_is_read(tmp_path):
+    log, rotated, old = tmp_path / "rank0.log", tmp_path / "rank0.log.1", tmp_path / "rank0.log.9"
+    old.write_text(lines("archive", 2))  # rotated before we started: not read
+    os.utime(old, ns=(0, 0))
+    log.write_text(lines("f1", 2))
+    w = SourceWatcher([str(tmp_path / "*.log")], flush_after=5)  # rotated names are not matched
+    got = [w.poll(now=at(0))]
+    append(log, lines("f1", 1, start=2))
+    for tag in ("f2", "f3"):  # rename + create twice before the next poll (the collector was blocked)
+        log.rename(rotated)  # the second rename replaces f1's name: only our descriptor still reaches it
+        log.write_text(lines(tag, 2))
+    got.append(w.poll(now=at(1)))
+    assert open_fds(rotated), "f2 is followed until idle: the writer may not have reopened yet"
+    append(rotated, lines("f2", 1, start=2))
+    got.append(w.poll(now=at(2)))
+    got.append(w.poll(now=at(10)))
+    assert open_fds(rotated) == []
+    records = pl.concat(got)
+    assert_no_repeat(records)
+    assert sorted(texts(records)) == sorted([f"f1 line {i}" for i in range(3)] + [f"f2 line {i}" for i in range(3)]
+                                            + ["f3 line 0", "f3 line 1"])
+    assert records["source_id"].n_unique() == 3 and w.stats.errors == []
+    w.close()
+
+
+def test_a_file_renamed_between_its_discovery_and_its_opening_is_read(tmp_path, monkeypatch):
+    log, rotated = tmp_path / "rank0.log", tmp_path / "rank0.log.1"
+    log.write_text(lines("f1", 2))
+    w = SourceWatcher([str(tmp_path / "*.log")], flush_after=5)
+    got = [w.poll(now=at(0))]
+    log.rename(rotated)
+    log.write_text(lines("f2", 2))  # the next poll lists f2 at rank0.log ...
+    listed = SourceWatcher._discover
+
+    def racing(self):
+        found = listed(self)
+        append(log, lines("f2", 1, start=2))
+        log.rename(rotated)  # ... and before it opens it, f2 is rotated too
+        log.write_text(lines("f3", 1))
+        monkeypatch.setattr(SourceWatcher, "_discover", listed)
+        return found
+
+    monkeypatch.setattr(SourceWatcher, "_discover", racing)
+    got.append(w.poll(now=at(1)))
+    got.append(w.poll(now=at(2)))
+    got.append(w.poll(now=at(10)))
+    records = pl.concat(got)
+    assert_no_repeat(records)
+    assert sorted(texts(records)) == sorted(["f1 line 0", "f1 line 1"] + [f"f2 line {i}" for i in range(3)]
+                                            + ["f3 line 0"])
+    assert open_fds(rotated) == [] and w.stats.errors == []
+    w.close()
+
+
+@pytest.mark.parametrize("mode", ["rename", "copytruncate"])
+def test_rotation_while_a_thread_writes_loses_and_repeats_no_line(tmp_path, mode):
+    """In process, the scenario of tests/test_kafka_rotation.py: a glob that matches only the
+    live name, 3000 lines written in chunks, rotated at lines 1000 and 2000."""
+    import re
+    import threading
+    import time
+
+    from kafka_support import expected_lines, save_lines
+
+    log = tmp_path / "logs" / "job-rotate" / "rank0.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("")
+    w = SourceWatcher([str(tmp_path / "logs" / "*" / "*.log")])
+    lock = threading.Lock()
+
+    def writer():
+        f = open(log, "a")
+        for first in range(0, 3000, 50):
+            with lock:
+                if first in (1000, 2000):
+                    if mode == "rename":
+                        os.rename(log, f"{log}.1")
+                        f.close()
+                        f = open(log, "a")
+                    else:
+                        shutil.copyfile(log, f"{log}.1")
+                        os.truncate(log, 0)
+                f.write(save_lines(first, 50))
+                f.flush()
+            time.sleep(0.02)
+        f.close()
+
+    t = threading.Thread(target=writer)
+    t.start()
+    got = []
+    while t.is_alive():
+        got.append(w.poll())
+        time.sleep(0.1)
+    got.append(w.poll(final=True))
+    w.close()
+    records = pl.concat(got)
+    assert_no_repeat(records)
+    kinds = sorted(("save_end" if "save_end" in s else "save_start", int(re.search(r"step=(\d+)", s).group(1)))
+                   for s in records["line"].to_list())
+    assert kinds == expected_lines(3000)

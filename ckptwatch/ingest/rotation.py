@@ -40,10 +40,12 @@ WINDOW_BYTES = 4096
 class Superseded:
     """A generation of a source that is not followed any more but whose lines may go on in
     a copy. ``prefix_sha256``: hex SHA-256 of the bytes ``[0, checkpoint.offset)`` as read,
-    None if unknown."""
+    None if unknown. ``mtime_ns``: the file's mtime when it was last seen before the
+    truncation was noticed (a copy made since is no older), None if unknown."""
 
     checkpoint: SourceCheckpoint
     prefix_sha256: str | None = None
+    mtime_ns: int | None = None
 
 
 def update_digest(digest: hashlib._Hash, f: BinaryIO, start: int, end: int) -> None:

@@ -203,6 +203,13 @@ class FileTail:
         return SourceCheckpoint(self.source_id, self.path, self.committed_offset, self.job,
                                 identity.head_hash(self.head))
 
+    def last_write_ns(self) -> int | None:
+        """The open file's mtime (ns), None if it is not open or cannot be stat'ed."""
+        try:
+            return None if self._file is None else os.fstat(self._file.fileno()).st_mtime_ns
+        except OSError:
+            return None
+
     def idle_seconds(self, now: dt.datetime) -> float:
         """Seconds since a poll last read a line (0 before the first poll)."""
         return 0.0 if self._last_growth is None else (now - self._last_growth).total_seconds()
@@ -227,10 +234,9 @@ class FileTail:
         try:
             st = os.fstat(self._file.fileno())
             mtime = dt.datetime.fromtimestamp(st.st_mtime, dt.timezone.utc)
-            changed = (st.st_size, st.st_mtime_ns) != self._seen
-            self._seen = (st.st_size, st.st_mtime_ns)
-            if self.source_id is not None and changed and self._rewritten(st.st_size, final=final):
-                out.append(self._supersede(now, mtime))
+            seen, self._seen = self._seen, (st.st_size, st.st_mtime_ns)
+            if self.source_id is not None and self._seen != seen and self._rewritten(st.st_size, final=final):
+                out.append(self._supersede(now, mtime, seen[1] if seen else None))
             if self.identify(final=final) is None:
                 return _concat(out)
             if final or st.st_size > self.offset:
@@ -261,13 +267,15 @@ class FileTail:
         assert self._file is not None
         return size < self.offset or identity.read_head(self._file, final=final) != self.head
 
-    def _supersede(self, now: dt.datetime, mtime: dt.datetime) -> pl.DataFrame:
+    def _supersede(self, now: dt.datetime, mtime: dt.datetime, seen_mtime_ns: int | None) -> pl.DataFrame:
         """End the current generation: emit its held-back records, record it in
-        ``superseded`` and start over at offset 0 (a new id is taken by :meth:`identify`)."""
+        ``superseded`` (with the file's mtime at the last poll before, ``seen_mtime_ns``)
+        and start over at offset 0 (a new id is taken by :meth:`identify`)."""
         assert self.source_id is not None and self.head is not None
         flushed = self._emit(self.held, flush=True, now=now, mtime=mtime)
         ckpt = SourceCheckpoint(self.source_id, self.path, self.offset, self.job, identity.head_hash(self.head))
-        self.superseded.append(rotation.Superseded(ckpt, self._digest.hexdigest() if self._digest else None))
+        self.superseded.append(rotation.Superseded(ckpt, self._digest.hexdigest() if self._digest else None,
+                                                   seen_mtime_ns))
         self.source_id, self.head, self.offset = None, None, 0
         self.held, self.carry, self._digest = pl.DataFrame(), {}, hashlib.sha256()
         return flushed

@@ -16,7 +16,15 @@ Each :meth:`SourceWatcher.poll`:
      its end through the open descriptor, like ``tail -F``, and dropped (closed) once a
      poll finds that it has not grown for ``flush_after`` seconds (at once with
      ``final``);
-   * a file truncated in place is read again from 0 under a new id (see :mod:`.tail`).
+   * a file truncated in place is read again from 0 under a new id (see :mod:`.tail`);
+   * when a file is found truncated, or (the first time) renamed away, its rotated-name
+     siblings in the same directory (``train.log.1``, ``train.log-20261130``) that are
+     neither followed nor under a watched path are looked at: a ``copytruncate`` copy of
+     the truncated generation (possibly an older copy rewritten in place) is read from the
+     old read offset to its end and dropped; a file never read and written to since the
+     followed one was last (a generation created and rotated away between two polls) is
+     read from 0: to its end and dropped after a truncation, followed until idle after a
+     rename. Older archives are left alone.
 
    After a ``final`` poll no file is held open (a later poll opens them again by path).
 
@@ -25,7 +33,12 @@ Each :meth:`SourceWatcher.poll`:
    truncated file (:mod:`.rotation`); else from 0. A new file that looks like a copy of a
    followed file still being made (``copytruncate`` before the truncation: same first
    line, a rotated name, the same bytes before the followed file's offset) is left for
-   the next poll, unless ``final``.
+   the next poll, unless ``final``. A new file renamed to a rotated name of its path
+   between its listing and its opening is followed there.
+
+Lines are still lost when a copy made by ``copytruncate`` is overwritten in place by the
+next rotation before a poll has looked at it, or when the file had no complete first line
+yet at the last poll before it was truncated (nothing tells the truncation then).
 
 :meth:`SourceWatcher.checkpoints` gives what to persist. Entries of sources that are not
 followed any more (a truncated generation whose copy may still show up, a checkpointed
@@ -88,6 +101,8 @@ class SourceWatcher:
         self._unfollowed: dict[str, tuple[rotation.Superseded, int]] = {
             sid: (rotation.Superseded(c), 0) for sid, c in (committed or {}).items()}
         self._retired: set[str] = set()  # ids of dropped files: a new file reusing the inode gets another
+        self._dropped: dict[Key, tuple[int, int]] = {}  # dropped file -> (size, mtime_ns) when dropped
+        self._gone: set[Key] = set()  # followed files no watched path points at any more (siblings looked at)
         self._rejected: dict[Key, tuple[int, int]] = {}  # unreadable file -> (size, mtime_ns) when tried
         self._reported: set[str] = set()
         self._polls = 0
@@ -118,7 +133,16 @@ class SourceWatcher:
                 continue
             if where is not None:
                 tail.path = where[0]
-            frames.append(self._poll_tail(tail, final=final, now=now))
+            truncated: list[rotation.Superseded] = []
+            frames.append(self._poll_tail(tail, final=final, now=now, superseded=truncated))
+            if truncated:
+                seen = [g.mtime_ns for g in truncated if g.mtime_ns is not None]
+                frames += self._read_rotated_siblings(tail.path, at, since_ns=min(seen) if seen else None,
+                                                      truncated=True, final=final, now=now)
+            if where is None and key not in self._gone:
+                self._gone.add(key)
+                frames += self._read_rotated_siblings(tail.path, at, since_ns=tail.last_write_ns(),
+                                                      truncated=False, final=final, now=now)
             if where is None and (final or tail.idle_seconds(now) >= self.flush_after):
                 if not final:
                     frames.append(self._poll_tail(tail, final=True, now=now))
@@ -178,7 +202,9 @@ class SourceWatcher:
             tail.open()
             if tail.key != key:  # replaced since it was listed: the next poll sees the new one
                 tail.close()
-                return None
+                tail = self._renamed_since_listed(path, key)
+                if tail is None:
+                    return None
             tail.identify(final=final)
         except InputError as e:
             tail.close()
@@ -193,6 +219,20 @@ class SourceWatcher:
         self._tails[key] = tail
         self.stats.files += 1
         return tail
+
+    def _renamed_since_listed(self, path: str, key: Key) -> FileTail | None:
+        """The file ``key`` listed at ``path`` but renamed to a rotated name of it before it
+        was opened, opened there (it is under no watched path: see :meth:`_rotated_siblings`),
+        None if not found (deleted, or moved elsewhere). Raises InputError if it cannot be
+        opened."""
+        for cand, k, _st in self._rotated_siblings(path, {}):
+            if k == key:
+                tail = self._new_tail(cand)
+                tail.open()
+                if tail.key == key:
+                    return tail
+                tail.close()
+        return None
 
     def _new_tail(self, path: str) -> FileTail:
         return FileTail(path, template=self.template, boot_time=self.boot_time, flush_after=self.flush_after,
@@ -275,9 +315,72 @@ class SourceWatcher:
         tail.resume(offset=gen.checkpoint.offset, job=gen.checkpoint.job, generation=known[-1])
         return True
 
-    def _poll_tail(self, tail: FileTail, *, final: bool, now: dt.datetime) -> pl.DataFrame:
+    def _rotated_siblings(self, path: str, at: Mapping[Key, object]) -> list[tuple[str, Key, os.stat_result]]:
+        """The regular files next to ``path`` under a rotated name of it (``train.log.1``,
+        ``train.log-20261130``; not compressed ones) that are neither followed nor under a
+        watched path, sorted by name: ``(path, key, stat)``."""
+        directory = os.path.dirname(os.path.abspath(path))
+        try:
+            names = sorted(os.listdir(directory))
+        except OSError:
+            return []
+        out = []
+        for name in names:
+            cand = os.path.join(directory, name)
+            if name.endswith(discovery.SKIP_SUFFIXES) or not rotation.is_rotated_name(path, cand) or self.exclude(cand):
+                continue
+            try:
+                st = os.stat(cand)
+            except OSError:
+                continue
+            key = (st.st_dev, st.st_ino)
+            if stat.S_ISREG(st.st_mode) and key not in at and key not in self._tails:
+                out.append((cand, key, st))
+        return out
+
+    def _read_rotated_siblings(self, path: str, at: Mapping[Key, object], *, since_ns: int | None,
+                               truncated: bool, final: bool, now: dt.datetime) -> list[pl.DataFrame]:
+        """Read the files rotated away from ``path`` that no watched path matches (a rotated
+        name next to it, see :meth:`_rotated_siblings`), once the followed file at ``path``
+        was found ``truncated`` or renamed away:
+
+        * a ``copytruncate`` copy of a truncated generation (possibly an older copy
+          rewritten in place): from the old read offset on;
+        * a file never read, written to at ``since_ns`` or later (None: no such file is
+          looked for) and without the first line of a followed file: a generation that
+          came and went between two polls (``train.log`` rotated twice), from 0.
+
+        After a truncation (the copies were made before it) each is read to its end and
+        dropped; after a rename the writer may still append, so each is followed, like
+        the renamed file, until idle (see the module docstring)."""
+        frames = []
+        for cand, key, st in self._rotated_siblings(path, at):
+            missed = (since_ns is not None and st.st_mtime_ns >= since_ns
+                      and self._dropped.get(key) != (st.st_size, st.st_mtime_ns))
+            tail = self._new_tail(cand)
+            try:
+                tail.open()
+                found = tail.key == key and tail.identify(final=truncated) is not None
+            except InputError:
+                found = False
+            if not (found and (self._resume(tail) or (
+                    missed and all(t.head != tail.head for t in self._tails.values())))):
+                tail.close()
+                continue
+            self._tails[key] = tail
+            self.stats.files += 1
+            frames.append(self._poll_tail(tail, final=final or truncated, now=now))
+            if truncated:
+                self._drop(key)
+            else:
+                self._gone.add(key)
+        return frames
+
+    def _poll_tail(self, tail: FileTail, *, final: bool, now: dt.datetime,
+                   superseded: list[rotation.Superseded] | None = None) -> pl.DataFrame:
         """Poll one tail and count what it read; a file that cannot be read is reported in
-        ``stats.errors`` (once per problem) and skipped, the others go on."""
+        ``stats.errors`` (once per problem) and skipped, the others go on. The generations
+        the poll found truncated are added to ``superseded`` too."""
         before_lines, before_skip = tail.stats.lines, dict(tail.stats.skipped)
         before_utf8 = tail.stats.invalid_utf8
         try:
@@ -289,6 +392,8 @@ class SourceWatcher:
         finally:
             for gen in tail.superseded:
                 self._unfollowed[gen.checkpoint.source_id] = (gen, self._polls)
+            if superseded is not None:
+                superseded += tail.superseded
             tail.superseded.clear()
         self.stats.lines += tail.stats.lines - before_lines
         bad_utf8 = tail.stats.invalid_utf8 - before_utf8
@@ -308,6 +413,13 @@ class SourceWatcher:
         """Stop following a file read to its end: close it, retire its ids."""
         tail = self._tails.pop(key)
         self._retired.update(tail.used_ids)
+        self._gone.discard(key)
+        try:
+            if tail.handle is not None:
+                st = os.fstat(tail.handle.fileno())
+                self._dropped[key] = (st.st_size, st.st_mtime_ns)
+        except OSError:
+            pass
         tail.close()
 
     def _forget(self) -> None:
