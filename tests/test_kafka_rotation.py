@@ -14,7 +14,14 @@ from kafka_support import ckptwatch, cli_env, expected_lines, fresh_config, save
 pytestmark = pytest.mark.kafka
 
 
+def shift(log):
+    """logrotate with ``rotate N``: older generations move up one (.1 -> .2) first."""
+    if os.path.exists(f"{log}.1"):
+        os.rename(f"{log}.1", f"{log}.2")
+
+
 def rotate_rename(log):
+    shift(log)
     os.rename(log, f"{log}.1")  # logrotate's default: the writer reopens a new file
 
 
@@ -22,6 +29,7 @@ def rotate_copytruncate(log):
     # logrotate copytruncate: copy, then truncate in place; the writer keeps its fd (O_APPEND).
     # The test holds the writer's lock across both, so logrotate's own race (lines written
     # between the copy and the truncate are lost by logrotate) is not what is measured.
+    shift(log)
     shutil.copyfile(log, f"{log}.1")
     with open(log, "r+") as f:
         f.truncate(0)
