@@ -1,0 +1,75 @@
+"""PagerDuty channel: Events API v2 payloads (the sender comes with the rest of issue 4).
+
+Format (PagerDuty Events API v2, ``POST /v2/enqueue``): ``routing_key``, ``event_action``
+(``trigger`` | ``resolve``), ``dedup_key`` (at most 255 characters; here the incident id,
+so one incident is one PagerDuty alert however often it is sent), and for a trigger a
+``payload`` with ``summary`` (at most 1024 characters), ``source``, ``severity`` (one of
+critical, error, warning, info), ``timestamp`` (ISO 8601), ``component``, ``group``,
+``class`` and ``custom_details``. A resolve carries only the routing key, action and
+dedup key. Every log line in the details passes through the redactor first.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ckptwatch.detectors.incident import Incident
+from ckptwatch.sinks.alerts.redact import Redactor
+from ckptwatch.sinks.report import timeline
+
+SUMMARY_MAX = 1024
+DEDUP_KEY_MAX = 255
+SEVERITIES = ("critical", "error", "warning", "info")
+
+
+def summary(inc: Incident) -> str:
+    """One line: kind, job, step, root cause; at most :data:`SUMMARY_MAX` characters."""
+    rc = inc.root_cause
+    cause = f"{rc.cls}" + (f" on rank {rc.rank}" if rc and rc.rank is not None else "") if rc else "cause unknown"
+    host = f" ({rc.host})" if rc and rc.host else ""
+    text = f"{inc.kind}: job {inc.job} step {inc.step}: {cause}{host}; checkpoint {inc.checkpoint_path}"
+    return text if len(text) <= SUMMARY_MAX else text[: SUMMARY_MAX - 1] + "…"
+
+
+def trigger(inc: Incident, *, routing_key: str, redactor: Redactor, source: str = "ckptwatch") -> dict[str, Any]:
+    """The ``trigger`` event for ``inc``. Severity is the incident's (already one of
+    PagerDuty's four values); anything else maps to ``error``."""
+    rc = inc.root_cause
+    lg = inc.last_good_checkpoint or {}
+    details = {
+        "incident_id": inc.id,
+        "kind": inc.kind,
+        "job": inc.job,
+        "step": inc.step,
+        "checkpoint_path": inc.checkpoint_path,
+        "root_cause": None if rc is None else {
+            "class": rc.cls, "rank": rc.rank, "host": rc.host, "pid": rc.pid,
+            "time": rc.ts.isoformat() if rc.ts else None, "signal": rc.signal,
+            "line": redactor.redact(rc.line) if rc.line else None,
+        },
+        "collateral_ranks": inc.collateral,
+        "checkpoint_state": inc.checkpoint_state,
+        "last_good_checkpoint": {"step": lg.get("step"), "path": lg.get("path")} if lg else None,
+        "remediation": redactor.redact(inc.remediation),
+        "timeline": [redactor.redact(line) for line in timeline(inc)],
+    }
+    return {
+        "routing_key": routing_key,
+        "event_action": "trigger",
+        "dedup_key": inc.id[:DEDUP_KEY_MAX],
+        "payload": {
+            "summary": summary(inc),
+            "source": (rc.host if rc and rc.host else source),
+            "severity": inc.severity if inc.severity in SEVERITIES else "error",
+            "timestamp": inc.first_ts.isoformat(),
+            "component": inc.job or "unknown",
+            "group": "checkpoints",
+            "class": inc.kind,
+            "custom_details": details,
+        },
+    }
+
+
+def resolve(inc: Incident, *, routing_key: str) -> dict[str, Any]:
+    """The ``resolve`` event: same dedup key as the trigger, nothing else."""
+    return {"routing_key": routing_key, "event_action": "resolve", "dedup_key": inc.id[:DEDUP_KEY_MAX]}
