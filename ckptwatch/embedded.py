@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import time
 from collections.abc import Callable
 
 from ckptwatch.detectors import Detector, Incident
@@ -20,6 +19,7 @@ from ckptwatch.ingest.checkpoint import SourceCheckpoint
 from ckptwatch.ingest.watcher import SourceWatcher
 from ckptwatch.pipeline import PipelineOptions, extract_events
 from ckptwatch.rules import RuleSet
+from ckptwatch.services.loop import run_steps
 from ckptwatch.sinks.duckdb_store import Store
 
 
@@ -65,25 +65,20 @@ class EmbeddedRunner:
         self.stats.duplicate_events = self.detector.stats.duplicates
         return changed
 
-    def run(self, *, once: bool = False, interval: float = 1.0, max_cycles: int | None = None,
-            until_idle: float | None = None) -> None:
+    def run(self, *, once: bool = False, interval: float = 1.0, until_idle: float | None = None) -> None:
         """Cycle until interrupted (or once, with everything flushed, for ``--once``; or
         until no line was read for ``until_idle`` seconds). ``interval`` is in seconds.
         The caller owns the store and closes it (:meth:`close`)."""
         if once:
             self.cycle(final=True)
             return
-        n = 0
-        last_work = time.monotonic()
-        while max_cycles is None or n < max_cycles:
-            lines = self.stats.lines
-            self.cycle()
-            n += 1
-            if self.stats.lines != lines:
-                last_work = time.monotonic()
-            elif until_idle is not None and time.monotonic() - last_work >= until_idle:
-                return
-            time.sleep(interval)
+        run_steps([self._step], interval=interval, until_idle=until_idle, pace=True)
+
+    def _step(self) -> int:
+        """One cycle; returns the number of lines it read (the work :func:`run_steps` counts)."""
+        lines = self.stats.lines
+        self.cycle()
+        return self.stats.lines - lines
 
     def close(self) -> None:
         self.watcher.close()

@@ -7,7 +7,9 @@ engine answers, or an existing one named by ``CKPTWATCH_TEST_KAFKA=host:port``.
 
 from __future__ import annotations
 
+import collections
 import importlib.util
+import signal
 import os
 import subprocess
 import sys
@@ -70,6 +72,25 @@ def ckptwatch(args: list[str], env: dict[str, str], **kw) -> subprocess.Popen:
     """Start ``python -m ckptwatch ARGS`` (stdout/stderr captured as text)."""
     return subprocess.Popen([sys.executable, "-m", "ckptwatch", *args], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, **kw)
+
+
+def finish(p: subprocess.Popen, timeout: float = 120) -> tuple[str, str]:
+    """Wait for ``p``; assert it exited 0 (its stderr is the message); return (stdout, stderr)."""
+    out, err = p.communicate(timeout=timeout)
+    assert p.returncode == 0, err
+    return out, err
+
+
+def killed_at(failpoint: str, args: list[str], env: dict[str, str], timeout: float = 120) -> None:
+    """Run ``ckptwatch ARGS`` until the failpoint kills it; assert it died by SIGKILL."""
+    p = ckptwatch(args, {**env, "CKPTWATCH_FAILPOINTS": failpoint})
+    p.communicate(timeout=timeout)
+    assert p.returncode == -signal.SIGKILL
+
+
+def published_per_id(bootstrap: str, topic: str) -> collections.Counter:
+    """How many messages the incidents ``topic`` holds per incident id (its key)."""
+    return collections.Counter(m.key.decode() for m in topic_messages(bootstrap, topic))
 
 
 def topic_messages(bootstrap: str, topic: str) -> list:

@@ -4,7 +4,6 @@ committing offsets, and of the sink between its DuckDB write and its commit."""
 
 from __future__ import annotations
 
-import collections
 import json
 import signal
 import threading
@@ -12,16 +11,10 @@ import time
 
 import pytest
 from conftest import SCENARIOS
-from kafka_support import (ckptwatch, cli_env, expected_lines, fresh_config, run_embedded, save_lines, snapshot,
-                           stored_lines, topic_messages)
+from kafka_support import (ckptwatch, cli_env, expected_lines, finish, fresh_config, killed_at, published_per_id,
+                           run_embedded, save_lines, snapshot, stored_lines, topic_messages)
 
 pytestmark = pytest.mark.kafka
-
-
-def finish(p, timeout=120):
-    out, err = p.communicate(timeout=timeout)
-    assert p.returncode == 0, err
-    return out, err
 
 
 def test_collector_kill9_mid_stream_loses_and_repeats_nothing(kafka_bootstrap, tmp_path):
@@ -53,9 +46,7 @@ def test_collector_kill9_mid_stream_loses_and_repeats_nothing(kafka_bootstrap, t
         p.communicate()
         kills += 1
     # ... and exactly inside the window where events are acknowledged but the checkpoint is not saved
-    p = ckptwatch(["collect", str(tmp_path / "logs")], {**env, "CKPTWATCH_FAILPOINTS": "collect.after_publish"})
-    p.communicate(timeout=60)
-    assert p.returncode == -signal.SIGKILL
+    killed_at("collect.after_publish", ["collect", str(tmp_path / "logs")], env, timeout=60)
     t.join()
     assert written.is_set()
     finish(ckptwatch(["collect", str(tmp_path / "logs"), "--once"], env))
@@ -79,9 +70,7 @@ def test_detector_kill9_between_publish_and_commit(copy_scenario, kafka_bootstra
     env = cli_env(cfg)
     finish(ckptwatch(["collect", str(tmp_path), "--once"], env))
 
-    crashed = ckptwatch(["detect"], {**env, "CKPTWATCH_FAILPOINTS": "detect.after_publish"})
-    crashed.communicate(timeout=120)
-    assert crashed.returncode == -signal.SIGKILL
+    killed_at("detect.after_publish", ["detect"], env)
     published_before = topic_messages(kafka_bootstrap, cfg.kafka.incidents_topic)
     assert published_before  # it died after publishing, before committing
 
@@ -92,7 +81,7 @@ def test_detector_kill9_between_publish_and_commit(copy_scenario, kafka_bootstra
     assert fleet["incidents"] == embedded["incidents"]
     assert fleet["evidence"] == embedded["evidence"]
     # the restarted member replayed the partitions and republished nothing it had published
-    per_id = collections.Counter(m.key.decode() for m in topic_messages(kafka_bootstrap, cfg.kafka.incidents_topic))
+    per_id = published_per_id(kafka_bootstrap, cfg.kafka.incidents_topic)
     assert sorted(per_id) == sorted(r[0] for r in embedded["incidents"])
     assert set(per_id.values()) == {1}
 
@@ -104,9 +93,7 @@ def test_sink_kill9_after_write_before_commit(copy_scenario, kafka_bootstrap, tm
     env = cli_env(cfg)
     finish(ckptwatch(["collect", str(logs), "--once"], env))
     finish(ckptwatch(["detect", "--until-idle", "3"], env))
-    crashed = ckptwatch(["sink"], {**env, "CKPTWATCH_FAILPOINTS": "sink.after_write"})
-    crashed.communicate(timeout=60)
-    assert crashed.returncode == -signal.SIGKILL
+    killed_at("sink.after_write", ["sink"], env, timeout=60)
     finish(ckptwatch(["sink", "--until-idle", "4"], env))
     fleet = snapshot(cfg.sink.db)
     assert fleet == embedded

@@ -3,14 +3,13 @@ one detector in-process and with two detector processes in one consumer group.""
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import re
 import time
 
 import pytest
 from conftest import SCENARIOS
-from kafka_support import ckptwatch, cli_env, fresh_config, run_embedded, snapshot, topic_messages
+from kafka_support import ckptwatch, cli_env, fresh_config, published_per_id, run_embedded, snapshot, topic_messages
 
 from ckptwatch.pipeline import PipelineOptions
 from ckptwatch.services import launch
@@ -70,7 +69,7 @@ def test_whole_corpus_two_detector_processes(copy_scenario, kafka_bootstrap, tmp
     assert fleet["event_keys"] == embedded["event_keys"]
     assert {r[4] for r in fleet["incidents"]} == {"job-0201-sigkill", "job-0301-timeout"}
     # a backlog is read to its end before incidents are asked for: one version each
-    per_id = collections.Counter(m.key.decode() for m in topic_messages(kafka_bootstrap, cfg.kafka.incidents_topic))
+    per_id = published_per_id(kafka_bootstrap, cfg.kafka.incidents_topic)
     assert per_id == {r[0]: 1 for r in fleet["incidents"]}
 
 
@@ -103,7 +102,7 @@ def test_rebalance_moves_partitions_without_changing_incidents(copy_scenario, ka
     fleet = snapshot(cfg.sink.db)
     assert fleet["incidents"] == embedded["incidents"]
     assert fleet["evidence"] == embedded["evidence"]
-    per_id = collections.Counter(m.key.decode() for m in topic_messages(kafka_bootstrap, cfg.kafka.incidents_topic))
+    per_id = published_per_id(kafka_bootstrap, cfg.kafka.incidents_topic)
     assert sorted(per_id) == sorted(r[0] for r in embedded["incidents"])
     assert set(per_id.values()) == {1}
 

@@ -49,12 +49,6 @@ def read_head(f: BinaryIO, *, final: bool = False) -> bytes | None:
     return head_of(os.pread(f.fileno(), FIRST_LINE_BYTES + 1, 0), final=final)
 
 
-def first_line(path: str, *, final: bool = False) -> bytes | None:
-    """The first line of ``path`` (see :func:`head_of`). Raises OSError if the file cannot be read."""
-    with open(path, "rb") as f:
-        return read_head(f, final=final)
-
-
 def source_id_of(dev: int, ino: int, head: bytes, generation: int = 0) -> str:
     """The id (16 hex digits) of generation ``generation`` of the file with device ``dev``,
     inode ``ino`` and first line ``head``. Generation 0 is the plain
@@ -75,13 +69,3 @@ def head_hash(head: bytes) -> str:
     """Hex SHA-256 of a first line (what a checkpoint keeps to recognize a moved or copied file)."""
     return hashlib.sha256(head).hexdigest()
 
-
-def source_id(path: str, *, final: bool = False) -> str | None:
-    """Stable id (generation 0) of the file at ``path``, or None while it has no first line.
-
-    Raises OSError if the file cannot be stat'ed or read.
-    """
-    with open(path, "rb") as f:
-        st = os.fstat(f.fileno())
-        head = read_head(f, final=final)
-    return None if head is None else source_id_of(st.st_dev, st.st_ino, head)

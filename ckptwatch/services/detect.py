@@ -21,7 +21,6 @@ events topic longer than the longest save window you care about (default 7 days)
 from __future__ import annotations
 
 import datetime as dt
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -32,7 +31,7 @@ from ckptwatch import failpoints
 from ckptwatch.config import Config
 from ckptwatch.detectors import Detector, DetectorConfig, Incident
 from ckptwatch.kafka.admin import ensure_topics
-from ckptwatch.kafka.codec import decode_events_skipping, encode_incident
+from ckptwatch.kafka.codec import DecodeError, decode_events_skipping, decode_incident, encode_incident
 from ckptwatch.kafka.consumer import GroupMember, read_to_end
 from ckptwatch.kafka.producer import Message, Publisher
 
@@ -97,10 +96,10 @@ class DetectorMember:
     def _load_published(self) -> None:
         for rec in read_to_end(self.config.kafka, self.config.kafka.incidents_topic, client_id="ckptwatch-detect"):
             try:
-                d = json.loads(rec.value)
-                self.published[d["id"]] = Incident.from_dict(d).fingerprint()
-            except (ValueError, KeyError, TypeError):
+                inc = decode_incident(rec.value)
+            except DecodeError:
                 continue  # not ours to judge here; the sink reports bad incident messages
+            self.published[inc.id] = inc.fingerprint()
         self._refresh_published = False
 
     def _feed(self, tp: TopicPartition, records: list[ConsumerRecord], now: dt.datetime) -> None:

@@ -24,8 +24,7 @@ Say = Callable[[str], None]
 def collect(config: Config, options: PipelineOptions, *, once: bool, until_idle: float | None, say: Say) -> Collector:
     """Run a collector; with ``once``, publish what the files hold now (last lines included)
     and return. Returns the collector (closed) for its stats."""
-    collector = Collector(config, rules=RuleSet.load(options.rule_files), template=options.template,
-                          boot_time=options.boot_time, on_wait=say)
+    collector = _collector(config, options, say)
     try:
         if once:
             collector.step(final=True)
@@ -36,13 +35,19 @@ def collect(config: Config, options: PipelineOptions, *, once: bool, until_idle:
     return collector
 
 
-def _detector_config(config: Config, options: PipelineOptions) -> DetectorConfig:
-    return DetectorConfig(allowed_lateness=config.detect.allowed_lateness, windows=options.detector.windows)
+def _collector(config: Config, options: PipelineOptions, say: Say) -> Collector:
+    return Collector(config, rules=RuleSet.load(options.rule_files), template=options.template,
+                     boot_time=options.boot_time, on_wait=say)
+
+
+def _detector(config: Config, options: PipelineOptions, say: Say) -> DetectorMember:
+    detector_config = DetectorConfig(allowed_lateness=config.detect.allowed_lateness, windows=options.detector.windows)
+    return DetectorMember(config, detector_config=detector_config, on_message=say)
 
 
 def detect(config: Config, options: PipelineOptions, *, until_idle: float | None, say: Say) -> DetectorMember:
     """Run one detector group member; returns it (closed) for its stats."""
-    member = DetectorMember(config, detector_config=_detector_config(config, options), on_message=say)
+    member = _detector(config, options, say)
     try:
         run_steps([member.step], interval=config.detect.interval, until_idle=until_idle)
     finally:
@@ -66,9 +71,8 @@ def run_all(config: Config, options: PipelineOptions, store: Store, *, once: boo
     """``ckptwatch run --kafka``: the three services in one process, linked by the broker.
     With ``once``: publish the files' contents, then run detector and sink until idle for
     ``until_idle`` seconds (default 5)."""
-    collector = Collector(config, rules=RuleSet.load(options.rule_files), template=options.template,
-                          boot_time=options.boot_time, on_wait=say)
-    member = DetectorMember(config, detector_config=_detector_config(config, options), on_message=say)
+    collector = _collector(config, options, say)
+    member = _detector(config, options, say)
     sinker = SinkMember(config, store, on_message=say, on_incident=on_incident)
     try:
         if once:

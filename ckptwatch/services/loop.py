@@ -6,8 +6,10 @@ import time
 from collections.abc import Callable, Sequence
 
 
-def run_steps(steps: Sequence[Callable[[], int]], *, interval: float, until_idle: float | None = None) -> None:
-    """Call every step in turn, sleeping ``interval`` seconds after a round with no work.
+def run_steps(steps: Sequence[Callable[[], int]], *, interval: float, until_idle: float | None = None,
+              pace: bool = False) -> None:
+    """Call every step in turn, sleeping ``interval`` seconds after a round with no work
+    (with ``pace``, after every round: one batch per interval, as the embedded run does).
 
     Each step returns how much work it did (records, events). With ``until_idle`` (seconds)
     return once no step has done any work for that long; otherwise run until interrupted
@@ -18,7 +20,8 @@ def run_steps(steps: Sequence[Callable[[], int]], *, interval: float, until_idle
         now = time.monotonic()
         if work:
             last_work = now
-            continue
-        if until_idle is not None and now - last_work >= until_idle:
+            if not pace:
+                continue
+        elif until_idle is not None and now - last_work >= until_idle:
             return
         time.sleep(interval)
