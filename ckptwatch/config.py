@@ -27,6 +27,20 @@ File layout (every key optional; see ``examples/ckptwatch.toml``)::
     db = "incidents.duckdb"
     group = "ckptwatch-sink"
 
+    [alerts]                               # see ckptwatch.sinks.alerts and the README
+    realert_interval = 0                   # seconds; 0: re-alert only when severity rises
+    [alerts.channels.oncall]               # one table per channel: slack | pagerduty | webhook | console
+    type = "slack"
+    url_env = "SLACK_WEBHOOK_URL"          # secrets: KEY_env (a variable) or KEY_file (a file)
+    min_severity = "error"
+    [[alerts.silences]]
+    job = "debug-*"
+    expires = "2026-12-31T00:00:00Z"
+
+    [metrics]
+    port = 9464                            # Prometheus /metrics; 0 (default): off
+    address = "127.0.0.1"
+
 Environment: ``CKPTWATCH_<SECTION>_<KEY>`` (``CKPTWATCH_KAFKA_BOOTSTRAP_SERVERS``,
 ``CKPTWATCH_DETECT_GROUP``, ``CKPTWATCH_KAFKA_CLIENT_SASL_PLAIN_PASSWORD`` ...), and
 ``CKPTWATCH_CONFIG`` for the file's path. Values are parsed to the key's type; a list is
@@ -93,6 +107,39 @@ class SinkSettings:
 
 
 @dataclass(frozen=True)
+class AlertSettings:
+    """Alert channels and the shared delivery stages (:mod:`ckptwatch.sinks.alerts`).
+
+    Seconds: ``realert_interval`` (0: never re-alert an unchanged incident), ``timeout`` of
+    one HTTP request, ``retry_initial`` / ``retry_max`` (exponential backoff bounds),
+    ``give_up_after`` (a notification still failing this long after it was queued is
+    recorded as failed). ``channels``: name -> channel table (checked by
+    :func:`ckptwatch.sinks.alerts.settings.parse_channels`); ``silences``: silence tables;
+    ``silences_file``: where ``ckptwatch silence`` keeps silences (default
+    ``<db>.silences.json``); ``redaction_files``: extra redaction pattern files."""
+
+    channels: dict[str, Any] = field(default_factory=dict)
+    silences: list[dict[str, Any]] = field(default_factory=list)
+    silences_file: str = ""
+    realert_interval: float = 0.0
+    timeout: float = 10.0
+    retry_initial: float = 1.0
+    retry_max: float = 300.0
+    give_up_after: float = 86400.0
+    redaction_files: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class MetricsSettings:
+    """The Prometheus ``/metrics`` endpoint: ``port`` 0 means off. ``job_label`` adds the
+    job as a label to the per-incident counters (off: job ids are unbounded)."""
+
+    port: int = 0
+    address: str = "127.0.0.1"
+    job_label: bool = False
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole configuration, one dataclass per section."""
 
@@ -100,6 +147,8 @@ class Config:
     collect: CollectSettings = field(default_factory=CollectSettings)
     detect: DetectSettings = field(default_factory=DetectSettings)
     sink: SinkSettings = field(default_factory=SinkSettings)
+    alerts: AlertSettings = field(default_factory=AlertSettings)
+    metrics: MetricsSettings = field(default_factory=MetricsSettings)
 
 
 _SECTIONS: dict[str, type] = typing.get_type_hints(Config)
@@ -129,7 +178,26 @@ _CHECKS: dict[tuple[str, str], Any] = {
     ("collect", "interval"): lambda v: None if v > 0 else "must be more than 0 seconds",
     ("detect", "interval"): lambda v: None if v > 0 else "must be more than 0 seconds",
     ("detect", "allowed_lateness"): lambda v: None if v >= 0 else "must be 0 seconds or more",
+    ("alerts", "channels"): lambda v: _check_alerts("channels", v),
+    ("alerts", "silences"): lambda v: _check_alerts("silences", v),
+    ("alerts", "realert_interval"): lambda v: None if v >= 0 else "must be 0 seconds or more",
+    ("alerts", "timeout"): lambda v: None if v > 0 else "must be more than 0 seconds",
+    ("alerts", "retry_initial"): lambda v: None if v > 0 else "must be more than 0 seconds",
+    ("alerts", "retry_max"): lambda v: None if v > 0 else "must be more than 0 seconds",
+    ("alerts", "give_up_after"): lambda v: None if v > 0 else "must be more than 0 seconds",
+    ("metrics", "port"): lambda v: None if 0 <= v < 65536 else "must be a TCP port (0: off)",
 }
+
+
+def _check_alerts(key: str, value: Any) -> str | None:
+    # the alert tables have their own schema, kept beside the channels that read it
+    from ckptwatch.sinks.alerts import settings
+
+    try:
+        settings.parse_channels(value) if key == "channels" else settings.parse_silences(value)
+    except settings.AlertConfigError as e:
+        return str(e)
+    return None
 
 
 def _coerce(value: Any, typ: Any, where: str) -> Any:
@@ -153,6 +221,10 @@ def _coerce(value: Any, typ: Any, where: str) -> Any:
             if not isinstance(value, (str, int, float)):
                 raise ValueError
             return str(value)
+        if origin is list and typing.get_origin(typing.get_args(typ)[0]) is dict:
+            if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+                raise ValueError
+            return [dict(v) for v in value]
         if origin is list:
             if isinstance(value, str):
                 return [v.strip() for v in value.split(",") if v.strip()]
@@ -243,8 +315,9 @@ def build(layers: list[tuple[str, Mapping[str, Mapping[str, Any]]]]) -> Config:
             kwargs[k] = _coerce(v, hints[k], where)
             check = _CHECKS.get((section, k))
             reason = check(kwargs[k]) if check else None
-            if reason:
-                raise ConfigError(f"{where}: {reason} (got {v!r})")
+            if reason:  # alert tables may hold secrets: never echoed
+                shown = "" if section == "alerts" and isinstance(v, (dict, list)) else f" (got {v!r})"
+                raise ConfigError(f"{where}: {reason}{shown}")
         sections[section] = cls(**kwargs)
     return Config(**sections)
 

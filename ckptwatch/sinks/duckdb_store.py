@@ -67,6 +67,7 @@ class Store:
         self.path = path
         self.con = duckdb.connect(path)
         self.con.execute(_DDL)
+        self._depth = 0  # nesting of transaction()
 
     def close(self) -> None:
         self.con.close()
@@ -76,7 +77,7 @@ class Store:
         ``(source_id, file, offset, job[, head_hash])`` in one transaction. Returns the
         number of new events."""
         now = dt.datetime.now(dt.timezone.utc)
-        with self._transaction():
+        with self.transaction():
             added = self._insert_events(events)
             rows = [(sid, f, off, job, now, rest[0] if rest else None) for sid, f, off, job, *rest in offsets]
             if rows:
@@ -101,18 +102,35 @@ class Store:
     def upsert_incidents(self, incidents: Iterable[Incident]) -> int:
         """Insert or update incidents and replace their evidence rows; returns how many."""
         now = dt.datetime.now(dt.timezone.utc)
-        with self._transaction():
+        with self.transaction():
             n = self._upsert(incidents, now)
         return n
 
+    def incident_statuses(self, ids: Iterable[str]) -> dict[str, str]:
+        """incident id -> status (``open``, ``resolved``, ``superseded``) of those stored."""
+        rows = self.con.execute("SELECT id, status FROM incidents WHERE list_contains(?, id)", [list(ids)])
+        return dict(rows.fetchall())
+
     @contextlib.contextmanager
-    def _transaction(self) -> Iterator[None]:
+    def transaction(self) -> Iterator[None]:
+        """One DuckDB transaction; nested uses join the outer one (e.g. the incidents and
+        the alerts queued for them commit together)."""
+        if self._depth:
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+            return
         self.con.execute("BEGIN")
+        self._depth = 1
         try:
             yield
         except BaseException:
             self.con.execute("ROLLBACK")
             raise
+        finally:
+            self._depth = 0
         self.con.execute("COMMIT")
 
     def _insert_events(self, events: pl.DataFrame) -> int:
@@ -167,7 +185,7 @@ class Store:
         new database file re-reads the topics from their start and a crash re-reads only
         what was not committed here. Returns (new events, incidents written)."""
         now = dt.datetime.now(dt.timezone.utc)
-        with self._transaction():
+        with self.transaction():
             added = self._insert_events(events)
             n = self._upsert(incidents, now)
             rows = [(t, p, o, now) for (t, p), o in offsets.items()]

@@ -1,4 +1,4 @@
-"""PagerDuty channel: Events API v2 payloads (the sender comes with the rest of issue 4).
+"""PagerDuty channel: Events API v2.
 
 Format (PagerDuty Events API v2, ``POST /v2/enqueue``): ``routing_key``, ``event_action``
 (``trigger`` | ``resolve``), ``dedup_key`` (at most 255 characters; here the incident id,
@@ -11,9 +11,12 @@ dedup key. Every log line in the details passes through the redactor first.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from ckptwatch.detectors.incident import Incident
+from ckptwatch.sinks.alerts.http import Outcome, Request, post
+from ckptwatch.sinks.alerts.notification_log import Notification
 from ckptwatch.sinks.alerts.redact import Redactor
 from ckptwatch.sinks.report import timeline
 
@@ -73,3 +76,21 @@ def trigger(inc: Incident, *, routing_key: str, redactor: Redactor, source: str 
 def resolve(inc: Incident, *, routing_key: str) -> dict[str, Any]:
     """The ``resolve`` event: same dedup key as the trigger, nothing else."""
     return {"routing_key": routing_key, "event_action": "resolve", "dedup_key": inc.id[:DEDUP_KEY_MAX]}
+
+
+class PagerDutyChannel:
+    """Sends ``trigger`` (for trigger, escalate and realert: same dedup key, so PagerDuty
+    updates one alert) and ``resolve`` events to ``url`` with the ``routing_key`` (a secret)
+    of an Events API v2 integration."""
+
+    def __init__(self, name: str, routing_key: str, *, url: str, source: str, redactor: Redactor,
+                 timeout: float) -> None:
+        self.name, self._key, self.url, self.source = name, routing_key, url, source
+        self.redactor, self.timeout = redactor, timeout
+
+    def deliver(self, n: Notification) -> Outcome:
+        if n.action == "resolve":
+            event = resolve(n.incident, routing_key=self._key)
+        else:
+            event = trigger(n.incident, routing_key=self._key, redactor=self.redactor, source=self.source)
+        return post(Request(self.url, json.dumps(event).encode()), self.timeout)

@@ -1,5 +1,4 @@
-"""Slack channel: incoming-webhook messages in Block Kit (the sender comes with the rest of
-issue 4).
+"""Slack channel: incoming-webhook messages in Block Kit.
 
 Limits (Slack Block Kit reference): a ``header`` block's plain text at most 150 characters,
 a ``section`` block's text at most 3000, a section's ``fields`` at most 10 of at most 2000
@@ -10,9 +9,12 @@ size. Every log line passes through the redactor first.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from ckptwatch.detectors.incident import Incident
+from ckptwatch.sinks.alerts.http import Outcome, Request, post
+from ckptwatch.sinks.alerts.notification_log import Notification
 from ckptwatch.sinks.alerts.pagerduty import summary
 from ckptwatch.sinks.alerts.redact import Redactor
 from ckptwatch.sinks.report import timeline
@@ -31,9 +33,15 @@ def _section(text: str) -> dict[str, Any]:
     return {"type": "section", "text": {"type": "mrkdwn", "text": _fit(text, SECTION_MAX)}}
 
 
-def message(inc: Incident, *, redactor: Redactor) -> dict[str, Any]:
+_PREFIX = {"escalate": "ESCALATED ", "realert": "STILL OPEN "}
+
+
+def message(inc: Incident, *, redactor: Redactor, action: str = "trigger") -> dict[str, Any]:
     """The webhook body for ``inc``: header, facts as fields, root cause line, last good
-    checkpoint, remediation, and the per-rank timeline as a code block."""
+    checkpoint, remediation, and the per-rank timeline as a code block. ``action``
+    ``escalate`` / ``realert`` prefix the header; ``resolve`` gives :func:`resolved`."""
+    if action == "resolve":
+        return resolved(inc)
     rc = inc.root_cause
     lg = inc.last_good_checkpoint
     fields = [
@@ -45,7 +53,7 @@ def message(inc: Incident, *, redactor: Redactor) -> dict[str, Any]:
         "*Last good checkpoint*\n" + (f"step {lg.get('step')} `{lg.get('path')}`" if lg else "none seen"),
     ]
     blocks: list[dict[str, Any]] = [
-        {"type": "header", "text": {"type": "plain_text", "text": _fit(f"{inc.severity.upper()} {inc.kind}: "
+        {"type": "header", "text": {"type": "plain_text", "text": _fit(f"{_PREFIX.get(action, '')}{inc.severity.upper()} {inc.kind}: "
                                                                         f"job {inc.job} step {inc.step}", HEADER_MAX)}},
         {"type": "section", "fields": [{"type": "mrkdwn", "text": _fit(f, FIELD_MAX)} for f in fields[:10]]},
     ]
@@ -56,3 +64,27 @@ def message(inc: Incident, *, redactor: Redactor) -> dict[str, Any]:
     blocks.append(_section("*Timeline*\n```" + _fit(lines, SECTION_MAX - 40) + "```"))
     blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": f"ckptwatch incident `{inc.id}`"}]})
     return {"text": summary(inc), "blocks": blocks[:50]}
+
+
+def resolved(inc: Incident) -> dict[str, Any]:
+    """A short message closing an incident: resolved (a later save completed on every rank)
+    or superseded (its save was re-classified as another incident)."""
+    word = "Superseded" if inc.status == "superseded" else "Resolved"
+    why = ("the save was re-classified; see the new incident" if inc.status == "superseded"
+           else "a later save of the job completed on every rank")
+    text = f"{word}: {inc.kind} job {inc.job} step {inc.step} ({why})"
+    return {"text": text, "blocks": [
+        _section(f":white_check_mark: *{word}* {inc.kind}: job {inc.job} step {inc.step}\n{why}"),
+        {"type": "context", "elements": [{"type": "mrkdwn", "text": f"ckptwatch incident `{inc.id}`"}]},
+    ]}
+
+
+class SlackChannel:
+    """Posts :func:`message` to an incoming webhook ``url`` (a secret)."""
+
+    def __init__(self, name: str, url: str, *, redactor: Redactor, timeout: float) -> None:
+        self.name, self._url, self.redactor, self.timeout = name, url, redactor, timeout
+
+    def deliver(self, n: Notification) -> Outcome:
+        body = json.dumps(message(n.incident, redactor=self.redactor, action=n.action)).encode()
+        return post(Request(self._url, body), self.timeout)

@@ -1,0 +1,48 @@
+"""Channel types and how a :class:`~.settings.ChannelSpec` becomes a channel.
+
+A channel is anything with a ``name`` and ``deliver(notification) -> Outcome`` (see
+:class:`Channel`); it renders the notification in its API's format and sends it once.
+Dedup, routing, silences, retries and the log are the dispatcher's, shared by all.
+A new channel type is one new module plus one line in :func:`build`.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from rich.console import Console
+
+from ckptwatch.sinks.alerts.console import ConsoleChannel
+from ckptwatch.sinks.alerts.http import Outcome
+from ckptwatch.sinks.alerts.notification_log import Notification
+from ckptwatch.sinks.alerts.pagerduty import PagerDutyChannel
+from ckptwatch.sinks.alerts.redact import Redactor
+from ckptwatch.sinks.alerts.settings import ChannelSpec
+from ckptwatch.sinks.alerts.slack import SlackChannel
+from ckptwatch.sinks.alerts.webhook import WebhookChannel
+
+#: The console channel ``run`` and ``sink`` add when the config names none.
+DEFAULT_CONSOLE = ChannelSpec(name="console", type="console", min_severity="info", match={}, secrets={}, options={})
+
+
+class Channel(Protocol):
+    """A notification channel. ``deliver`` must not raise for network or HTTP errors."""
+
+    name: str
+
+    def deliver(self, n: Notification) -> Outcome: ...
+
+
+def build(spec: ChannelSpec, *, redactor: Redactor, timeout: float, console: Console | None = None) -> Channel:
+    """The channel of ``spec``, its secrets read now. ``timeout``: seconds per request when
+    the spec sets none. Raises AlertConfigError for a secret that cannot be read."""
+    secret = {k: ref.resolve() for k, ref in spec.secrets.items()}
+    t = spec.timeout or timeout
+    if spec.type == "slack":
+        return SlackChannel(spec.name, secret["url"], redactor=redactor, timeout=t)
+    if spec.type == "pagerduty":
+        return PagerDutyChannel(spec.name, secret["routing_key"], url=spec.options["url"],
+                                source=spec.options["source"], redactor=redactor, timeout=t)
+    if spec.type == "webhook":
+        return WebhookChannel(spec.name, secret["url"], secret=secret.get("secret", ""), redactor=redactor, timeout=t)
+    return ConsoleChannel(spec.name, redactor=redactor, console=console)

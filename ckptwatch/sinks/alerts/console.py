@@ -1,0 +1,47 @@
+"""Console channel: the incident report on the terminal (the embedded default).
+
+A trigger prints the full text report (:func:`ckptwatch.sinks.report.render_text`), an
+escalation or re-alert prints it again under a one-line heading, a resolve prints one
+line. Log lines are redacted like on every other channel.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+from rich.console import Console
+from rich.markup import escape
+
+from ckptwatch.sinks import report
+from ckptwatch.sinks.alerts.http import Outcome
+from ckptwatch.sinks.alerts.notification_log import Notification
+from ckptwatch.sinks.alerts.redact import Redactor
+
+_HEADING = {"escalate": "severity rose", "realert": "still open"}
+
+
+class ConsoleChannel:
+    """Writes to ``console`` (stdout by default); never fails."""
+
+    def __init__(self, name: str, *, redactor: Redactor, console: Console | None = None) -> None:
+        self.name, self.redactor = name, redactor
+        self.console = console or Console(highlight=False, soft_wrap=True)
+        self._lock = threading.Lock()  # deliveries run on worker threads: one report at a time
+
+    def deliver(self, n: Notification) -> Outcome:
+        inc = n.incident
+        with self._lock:
+            if n.action == "resolve":
+                self.console.print(f"[green]{inc.status}[/green] {escape(inc.kind)}: job {escape(str(inc.job))} "
+                                   f"step {inc.step} (incident {inc.id})")
+                return Outcome("sent")
+            if n.action in _HEADING:
+                self.console.print(f"[bold]{_HEADING[n.action]}:[/bold] incident {inc.id}")
+            rc = inc.root_cause
+            if rc and rc.line:
+                rc = dataclasses.replace(rc, line=self.redactor.redact(rc.line))
+            evidence = [dataclasses.replace(e, line=self.redactor.redact(e.line)) for e in inc.evidence]
+            report.render_text([dataclasses.replace(inc, root_cause=rc, evidence=evidence,
+                                                    remediation=self.redactor.redact(inc.remediation))], self.console)
+        return Outcome("sent")

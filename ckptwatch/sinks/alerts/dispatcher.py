@@ -1,0 +1,226 @@
+"""The dispatcher: incidents in, notifications out, through the shared stages.
+
+:meth:`Alerter.notify` (called with each new or changed incident, inside the same DuckDB
+transaction that stores it) decides per channel with routing, silences and the log's
+history (:func:`~.dedup.decide`) and queues notifications in the log. :meth:`Alerter.step`
+(called every cycle of ``run`` / ``sink``) hands due notifications to a small thread pool
+that only does HTTP, records the outcomes on the caller's thread (the database is never
+touched from another thread), retries failures with exponential backoff (``Retry-After``
+wins, and pauses that channel), and every few seconds scans for re-alerts and for muted
+incidents whose silence has ended.
+
+Delivery is at least once: a process killed between a send and its ``sent`` mark sends
+that notification again on restart (PagerDuty folds it into one alert by dedup key;
+webhook receivers see the same ``notification_id``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from ckptwatch.config import AlertSettings
+from ckptwatch.detectors.incident import Incident
+from ckptwatch.sinks.alerts.channels import Channel
+from ckptwatch.sinks.alerts.dedup import CLOSED, decide
+from ckptwatch.sinks.alerts.http import Outcome
+from ckptwatch.sinks.alerts.notification_log import Notification, NotificationLog
+from ckptwatch.sinks.alerts.routing import labels, routed
+from ckptwatch.sinks.alerts.settings import ChannelSpec
+from ckptwatch.sinks.alerts.silences import Silence
+
+SCAN_EVERY = 5.0  # seconds between re-alert / silence-expiry scans
+
+
+def _utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+@dataclass
+class AlertStats:
+    """Counts of this process: notifications queued, sent, retried, rejected, expired, muted."""
+
+    queued: int = 0
+    sent: int = 0
+    retried: int = 0
+    rejected: int = 0
+    expired: int = 0
+    silenced: int = 0
+
+
+class Alerter:
+    """Routes incidents to ``channels`` (spec, channel) through ``log``.
+
+    ``silences``: returns the silences in force (config + file; re-read as they change);
+    ``statuses``: incident ids -> current status from the database (for the scans);
+    ``metrics``: an object with ``alert_sent(channel, action)``, ``alert_failed(channel,
+    reason)``, ``alert_retried(channel)`` and ``set_alerts_pending(channel, n)`` (the
+    Prometheus metrics), or None; ``say``: one-line messages for the operator (failures)."""
+
+    def __init__(self, log: NotificationLog, channels: Sequence[tuple[ChannelSpec, Channel]], *,
+                 settings: AlertSettings, silences: Callable[[], list[Silence]] = list,
+                 statuses: Callable[[list[str]], dict[str, str]] | None = None, metrics: Any = None,
+                 say: Callable[[str], None] | None = None, workers: int = 4) -> None:
+        self.log = log
+        self.channels = {spec.name: (spec, ch) for spec, ch in channels}
+        self.settings = settings
+        self.silences = silences
+        self.statuses = statuses or (lambda ids: {})
+        self.metrics = metrics
+        self.say = say or (lambda msg: None)
+        self.stats = AlertStats()
+        self._latest: dict[str, Incident] = {}
+        self._inflight: dict[int, tuple[Notification, Future[Outcome]]] = {}
+        self._paused: dict[str, dt.datetime] = {}  # channel -> no sends before (Retry-After)
+        self._next_scan: dt.datetime | None = None
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ckptwatch-alert")
+
+    @property
+    def in_flight(self) -> int:
+        """Sends started and not yet recorded."""
+        return len(self._inflight)
+
+    # -- deciding --------------------------------------------------------------------
+
+    def notify(self, incidents: Iterable[Incident], now: dt.datetime | None = None) -> int:
+        """Queue what each channel must be told about these incident versions; returns how
+        many notifications were queued. Runs on the store's connection: call it inside
+        the transaction that stores the incidents, so that both or neither happen."""
+        now = now or _utcnow()
+        incs = list(incidents)
+        for inc in incs:
+            self._latest[inc.id] = inc
+        active = [s for s in self.silences() if s.active(now)]
+        queued = 0
+        for name, (spec, _) in self.channels.items():
+            history = self.log.history(name, [i.id for i in incs])
+            for inc in incs:
+                lbls = labels(inc)
+                action = decide(inc, history.get(inc.id), routed=routed(spec, inc),
+                                silenced=any(s.mutes(lbls, now) for s in active))
+                if action == "silenced":
+                    self.log.enqueue(name, inc, "trigger", now, status="silenced")
+                    self.stats.silenced += 1
+                elif action:
+                    self.log.enqueue(name, inc, action, now)
+                    queued += 1
+        self.stats.queued += queued
+        return queued
+
+    def _scan(self, now: dt.datetime) -> None:
+        """Re-alerts (``realert_interval``) and incidents whose silence has ended."""
+        candidates: list[tuple[str, Incident, str]] = []
+        if self.settings.realert_interval > 0:
+            before = now - dt.timedelta(seconds=self.settings.realert_interval)
+            candidates += [(ch, inc, "realert") for ch, inc in self.log.stale_alerts(before)]
+        candidates += [(ch, inc, "trigger") for ch, inc in self.log.only_silenced()]
+        if not candidates:
+            return
+        statuses = self.statuses(sorted({inc.id for _, inc, _ in candidates}))
+        active = [s for s in self.silences() if s.active(now)]
+        for name, snap, action in candidates:
+            inc = self._latest.get(snap.id, snap)
+            if name not in self.channels or statuses.get(inc.id, inc.status) in CLOSED:
+                continue
+            spec, _ = self.channels[name]
+            if routed(spec, inc) and not any(s.mutes(labels(inc), now) for s in active):
+                self.log.enqueue(name, inc, action, now)
+                self.stats.queued += 1
+
+    # -- delivering ------------------------------------------------------------------
+
+    def step(self, now: dt.datetime | None = None) -> int:
+        """Record finished sends, scan when due, start due sends. Returns the work done and
+        in progress (outcomes recorded + sends in flight): 0 means nothing to wait for
+        now (retries scheduled later do not count)."""
+        now = now or _utcnow()
+        work = self._collect(now)
+        if self._next_scan is None or now >= self._next_scan:
+            self._scan(now)
+            self._next_scan = now + dt.timedelta(seconds=SCAN_EVERY)
+        paused = [ch for ch, until in self._paused.items() if until > now]
+        for n in self.log.due(now, skip=self._inflight, paused=paused):
+            entry = self.channels.get(n.channel)
+            if entry is None:
+                self.log.mark_failed(n.id, "rejected", f"channel {n.channel!r} is no longer configured")
+                self._failed(n, "rejected")
+                continue
+            self._inflight[n.id] = (n, self._pool.submit(entry[1].deliver, n))
+        if self.metrics is not None:
+            pending = self.log.pending_counts()
+            for name in self.channels:
+                self.metrics.set_alerts_pending(name, pending.get(name, 0))
+        return work + len(self._inflight)
+
+    def _collect(self, now: dt.datetime) -> int:
+        done = [nid for nid, (_, fut) in self._inflight.items() if fut.done()]
+        for nid in done:
+            n, fut = self._inflight.pop(nid)
+            try:
+                out = fut.result()
+            except Exception as e:  # a bug rendering this notification: do not retry forever
+                out = Outcome("rejected", f"internal error: {type(e).__name__}: {e}")
+            self._record(n, out, now)
+        return len(done)
+
+    def _record(self, n: Notification, out: Outcome, now: dt.datetime) -> None:
+        where = f"alert {n.action} of incident {n.incident.id} to {n.channel}"
+        if out.status == "sent":
+            self.log.mark_sent(n.id, now)
+            self.stats.sent += 1
+            if self.metrics is not None:
+                self.metrics.alert_sent(n.channel, n.action)
+            return
+        if out.status == "rejected":
+            self.log.mark_failed(n.id, "rejected", out.error)
+            self.say(f"{where}: rejected ({out.error}); recorded, not retried")
+            self._failed(n, "rejected")
+            return
+        age = (now - n.created_ts).total_seconds()
+        if age >= self.settings.give_up_after:
+            self.log.mark_failed(n.id, "expired", out.error)
+            self.say(f"{where}: still failing after {age:.0f} s ({out.error}); gave up")
+            self._failed(n, "expired")
+            return
+        wait = out.retry_after if out.retry_after is not None else min(
+            self.settings.retry_max, self.settings.retry_initial * 2 ** n.attempts)
+        if out.retry_after is not None:
+            self._paused[n.channel] = now + dt.timedelta(seconds=wait)
+        self.log.mark_retry(n.id, now + dt.timedelta(seconds=wait), out.error)
+        self.stats.retried += 1
+        if self.metrics is not None:
+            self.metrics.alert_retried(n.channel)
+        if n.attempts == 0:
+            self.say(f"{where}: {out.error}; retrying (next in {wait:g} s)")
+
+    def _failed(self, n: Notification, reason: str) -> None:
+        if reason == "rejected":
+            self.stats.rejected += 1
+        else:
+            self.stats.expired += 1
+        if self.metrics is not None:
+            self.metrics.alert_failed(n.channel, reason)
+
+    def drain(self, timeout: float) -> int:
+        """Deliver until nothing is due now or in flight, for at most ``timeout`` seconds;
+        returns how many notifications are still pending (they stay in the outbox for the
+        next run)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            now = _utcnow()
+            self.step(now)
+            nxt = self.log.next_attempt()
+            left = dt.timedelta(seconds=deadline - time.monotonic())
+            if not self._inflight and (nxt is None or nxt > now + left):
+                break
+            time.sleep(0.05)
+        return sum(self.log.pending_counts().values())
+
+    def close(self) -> None:
+        """Wait for sends in flight (each bounded by its timeout) and record them."""
+        self._pool.shutdown(wait=True)
+        self._collect(_utcnow())

@@ -1,0 +1,161 @@
+"""The notification log: every notification, queued, sent or failed, in DuckDB.
+
+It is at once the durable outbox (rows with ``status = 'pending'`` are delivered, retried
+and survive restarts) and the alert log that deduplicates (what each channel was already
+told about each incident). Table ``alerts``:
+
+* ``id`` (sequence: delivery order), ``channel``, ``incident_id``, ``action``
+  (``trigger`` | ``escalate`` | ``realert`` | ``resolve``), ``severity`` at queueing;
+* ``status``: ``pending`` (to deliver at ``next_attempt_ts``), ``sent``, ``rejected`` (a 4xx
+  that will never succeed), ``expired`` (still failing ``give_up_after`` seconds after
+  ``created_ts``) or ``silenced`` (muted: recorded, not sent);
+* ``attempts``, ``last_error``, ``created_ts``, ``sent_ts`` (UTC);
+* ``incident``: the incident as queued (JSON, the ``diagnose --json`` shape), so a
+  notification is delivered as it was decided even after a restart. No secret is stored:
+  channels add URLs and keys when they send.
+
+Every method runs on the caller's DuckDB connection (the :class:`~ckptwatch.sinks.duckdb_store.Store`'s),
+inside the caller's transaction when there is one.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import duckdb
+
+from ckptwatch.detectors.incident import Incident
+from ckptwatch.sinks.alerts.routing import severity_rank
+
+_DDL = """
+CREATE SEQUENCE IF NOT EXISTS alerts_seq;
+CREATE TABLE IF NOT EXISTS alerts (
+    id BIGINT PRIMARY KEY DEFAULT nextval('alerts_seq'), channel VARCHAR NOT NULL, incident_id VARCHAR NOT NULL,
+    action VARCHAR NOT NULL, severity VARCHAR, status VARCHAR NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,
+    next_attempt_ts TIMESTAMPTZ, last_error VARCHAR, created_ts TIMESTAMPTZ NOT NULL, sent_ts TIMESTAMPTZ,
+    incident JSON);
+"""
+
+ALERTING = ("trigger", "escalate", "realert")
+
+
+@dataclass(frozen=True)
+class History:
+    """What one channel was told about one incident. ``max_severity``: highest severity
+    alerted (rank, see :func:`~ckptwatch.sinks.alerts.routing.severity_rank`; -1: never
+    alerted); ``last_alert_ts``: queueing time of the newest alert; ``resolved``: a resolve
+    was queued after it; ``silenced``: muted at least once."""
+
+    max_severity: int = -1
+    last_alert_ts: dt.datetime | None = None
+    resolved: bool = False
+    silenced: bool = False
+
+    @property
+    def alerted(self) -> bool:
+        return self.max_severity >= 0
+
+
+@dataclass(frozen=True)
+class Notification:
+    """One row of the log, to deliver: ``incident`` is the incident as queued."""
+
+    id: int
+    channel: str
+    action: str
+    attempts: int
+    created_ts: dt.datetime
+    incident: Incident
+
+
+class NotificationLog:
+    """The ``alerts`` table on ``con`` (created if missing)."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+        self.con = con
+        self.con.execute(_DDL)
+
+    def history(self, channel: str, incident_ids: Iterable[str]) -> dict[str, History]:
+        """incident id -> :class:`History` for ``channel`` (ids never notified are absent)."""
+        ids = list(incident_ids)
+        if not ids:
+            return {}
+        rows = self.con.execute(
+            "SELECT incident_id, action, severity, status, created_ts FROM alerts "
+            "WHERE channel = ? AND list_contains(?, incident_id) ORDER BY id", [channel, ids]).fetchall()
+        out: dict[str, History] = {}
+        for iid, action, severity, status, created in rows:
+            h = out.get(iid, History())
+            if status == "silenced":
+                h = History(h.max_severity, h.last_alert_ts, h.resolved, True)
+            elif action in ALERTING:
+                h = History(max(h.max_severity, severity_rank(severity)), created, False, h.silenced)
+            elif action == "resolve":
+                h = History(h.max_severity, h.last_alert_ts, True, h.silenced)
+            out[iid] = h
+        return out
+
+    def enqueue(self, channel: str, inc: Incident, action: str, now: dt.datetime, *, status: str = "pending") -> int:
+        """Queue one notification (or record a silenced one); returns its id."""
+        row = self.con.execute(
+            "INSERT INTO alerts (channel, incident_id, action, severity, status, next_attempt_ts, created_ts, incident) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+            [channel, inc.id, action, inc.severity, status, now, now, json.dumps(inc.to_dict())]).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    def due(self, now: dt.datetime, *, skip: Iterable[int] = (), paused: Iterable[str] = ()) -> list[Notification]:
+        """Pending notifications whose time has come, oldest first; per (channel, incident)
+        only the oldest pending one, so a resolve never overtakes its trigger. ``skip``:
+        ids in flight; ``paused``: channels waiting out a rate limit."""
+        rows = self.con.execute(
+            "SELECT id, channel, action, attempts, created_ts, next_attempt_ts, incident FROM alerts "
+            "WHERE status = 'pending' QUALIFY row_number() OVER (PARTITION BY channel, incident_id ORDER BY id) = 1 "
+            "ORDER BY id").fetchall()
+        skip, paused = set(skip), set(paused)
+        return [Notification(i, ch, act, att, created, Incident.from_dict(json.loads(inc)))
+                for i, ch, act, att, created, nxt, inc in rows
+                if i not in skip and ch not in paused and nxt <= now]
+
+    def mark_sent(self, nid: int, now: dt.datetime) -> None:
+        self.con.execute("UPDATE alerts SET status = 'sent', attempts = attempts + 1, sent_ts = ?, last_error = NULL "
+                         "WHERE id = ?", [now, nid])
+
+    def mark_retry(self, nid: int, next_ts: dt.datetime, error: str) -> None:
+        self.con.execute("UPDATE alerts SET attempts = attempts + 1, next_attempt_ts = ?, last_error = ? WHERE id = ?",
+                         [next_ts, error, nid])
+
+    def mark_failed(self, nid: int, status: str, error: str) -> None:
+        """``status``: ``rejected`` or ``expired``."""
+        self.con.execute("UPDATE alerts SET status = ?, attempts = attempts + 1, last_error = ? WHERE id = ?",
+                         [status, error, nid])
+
+    def pending_counts(self) -> dict[str, int]:
+        """channel -> notifications still to deliver."""
+        rows = self.con.execute("SELECT channel, count(*) FROM alerts WHERE status = 'pending' GROUP BY channel")
+        return dict(rows.fetchall())
+
+    def next_attempt(self) -> dt.datetime | None:
+        """When the earliest pending notification is due (None: nothing pending)."""
+        row = self.con.execute("SELECT min(next_attempt_ts) FROM alerts WHERE status = 'pending'").fetchone()
+        return row[0] if row else None
+
+    def stale_alerts(self, before: dt.datetime) -> list[tuple[str, Incident]]:
+        """(channel, incident as last queued) whose newest alert was queued before ``before``
+        and not resolved since: candidates for a re-alert."""
+        rows = self.con.execute(
+            "SELECT channel, arg_max(incident, id) FROM alerts WHERE status <> 'silenced' GROUP BY channel, incident_id "
+            "HAVING max(CASE WHEN action IN ('trigger','escalate','realert') THEN created_ts END) < ? "
+            "AND max(CASE WHEN action IN ('trigger','escalate','realert') THEN id END) "
+            "  > coalesce(max(CASE WHEN action = 'resolve' THEN id END), -1)", [before]).fetchall()
+        return [(ch, Incident.from_dict(json.loads(inc))) for ch, inc in rows]
+
+    def only_silenced(self) -> list[tuple[str, Incident]]:
+        """(channel, incident as last recorded) that were muted and never alerted."""
+        rows = self.con.execute(
+            "SELECT channel, arg_max(incident, id) FROM alerts GROUP BY channel, incident_id "
+            "HAVING bool_and(status = 'silenced')").fetchall()
+        return [(ch, Incident.from_dict(json.loads(inc))) for ch, inc in rows]

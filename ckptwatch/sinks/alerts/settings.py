@@ -1,0 +1,185 @@
+"""The ``[alerts]`` tables: channels (with their routes and secrets) and silences.
+
+A channel table (``[alerts.channels.NAME]``)::
+
+    type = "slack"               # slack | pagerduty | webhook | console
+    url_env = "SLACK_WEBHOOK_URL"
+    min_severity = "error"       # route: this severity or higher (default per type below)
+    match = { job = ["llama-*"], kind = ["interrupted_save", "poisoned_resume"] }
+
+Secrets (``url`` of slack and webhook, ``routing_key`` of pagerduty, ``secret`` of webhook)
+are given as ``KEY_env`` (an environment variable's name) or ``KEY_file`` (a file holding
+the value; surrounding whitespace stripped); writing ``KEY`` itself works for non-secret
+test endpoints. Values are read when the alerter starts, never printed, never stored.
+
+``match`` maps a label (:data:`LABELS`) to glob patterns; an incident is routed to the
+channel when its severity is at least ``min_severity`` and, for every label listed, its
+value matches one of the patterns.
+
+A silence (``[[alerts.silences]]`` or ``ckptwatch silence add``) holds label globs and a
+required ``expires`` (ISO 8601, UTC when no zone is given), plus an optional ``comment``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from ckptwatch.detectors.incident import SEVERITIES
+
+
+class AlertConfigError(Exception):
+    """An alert channel or silence table that cannot be used; names the table and key.
+    Never contains a secret's value."""
+
+
+#: Incident labels that routes and silences match on (see :func:`ckptwatch.sinks.alerts.routing.labels`).
+LABELS = ("job", "kind", "severity", "host", "cause")
+TYPES = ("slack", "pagerduty", "webhook", "console")
+#: Default route per channel type: pages only for critical incidents (interrupted saves,
+#: poisoned resumes, storage failures during saves, partial and corrupt checkpoints).
+DEFAULT_MIN_SEVERITY = {"console": "info", "slack": "warning", "webhook": "info", "pagerduty": "critical"}
+PAGERDUTY_URL = "https://events.pagerduty.com/v2/enqueue"
+_SECRETS = {"slack": ("url",), "webhook": ("url", "secret"), "pagerduty": ("routing_key",), "console": ()}
+_REQUIRED = {"slack": ("url",), "webhook": ("url",), "pagerduty": ("routing_key",), "console": ()}
+_PLAIN = {"type", "min_severity", "match", "timeout"}
+_PLAIN_BY_TYPE = {"pagerduty": {"url", "source"}, "slack": set(), "webhook": set(), "console": set()}
+
+
+@dataclass(frozen=True)
+class SecretRef:
+    """Where a secret comes from: ``env`` (a variable name), ``file`` (a path) or a literal
+    ``value``. :meth:`resolve` reads it."""
+
+    where: str
+    env: str = ""
+    file: str = ""
+    value: str = field(default="", repr=False)
+
+    def resolve(self) -> str:
+        """The secret. Raises AlertConfigError (naming the variable or file, not the value)."""
+        if self.env:
+            v = os.environ.get(self.env, "")
+            if not v:
+                raise AlertConfigError(f"{self.where}_env: environment variable {self.env} is not set")
+            return v
+        if self.file:
+            try:
+                with open(self.file) as f:
+                    v = f.read().strip()
+            except OSError as e:
+                raise AlertConfigError(f"{self.where}_file: cannot read {self.file}: {e.strerror or e}") from None
+            if not v:
+                raise AlertConfigError(f"{self.where}_file: {self.file} is empty")
+            return v
+        return self.value
+
+
+@dataclass(frozen=True)
+class ChannelSpec:
+    """One ``[alerts.channels.NAME]`` table, checked. ``secrets``: key -> :class:`SecretRef`;
+    ``options``: the non-secret keys of the type (pagerduty ``url``, ``source``);
+    ``timeout``: seconds per HTTP request (0: the ``[alerts] timeout``)."""
+
+    name: str
+    type: str
+    min_severity: str
+    match: dict[str, tuple[str, ...]]
+    secrets: dict[str, SecretRef]
+    options: dict[str, str]
+    timeout: float = 0.0
+
+
+def _severity(value: Any, where: str) -> str:
+    if value not in SEVERITIES:
+        raise AlertConfigError(f"{where}: {value!r} is not a severity ({', '.join(SEVERITIES)})")
+    return value
+
+
+def _match(value: Any, where: str) -> dict[str, tuple[str, ...]]:
+    if not isinstance(value, dict):
+        raise AlertConfigError(f"{where}: must be a table of label = [glob, ...]")
+    out = {}
+    for label, globs in value.items():
+        if label not in LABELS:
+            raise AlertConfigError(f"{where}: unknown label {label!r} (labels: {', '.join(LABELS)})")
+        globs = [globs] if isinstance(globs, str) else globs
+        if not isinstance(globs, list) or not globs or not all(isinstance(g, str) for g in globs):
+            raise AlertConfigError(f"{where}.{label}: must be a glob or a list of globs")
+        out[label] = tuple(globs)
+    return out
+
+
+def parse_channel(name: str, table: Any) -> ChannelSpec:
+    """Check one channel table. Raises AlertConfigError naming ``[alerts.channels.NAME] key``."""
+    where = f"[alerts.channels.{name}]"
+    if not isinstance(table, dict):
+        raise AlertConfigError(f"{where}: must be a table")
+    typ = table.get("type")
+    if typ not in TYPES:
+        raise AlertConfigError(f"{where} type: must be one of {', '.join(TYPES)} (got {typ!r})")
+    secret_keys = _SECRETS[typ]
+    known = _PLAIN | _PLAIN_BY_TYPE[typ] | {s + suffix for s in secret_keys for suffix in ("", "_env", "_file")}
+    for key in table:
+        if key not in known:
+            raise AlertConfigError(f"{where} {key}: unknown key for a {typ} channel (known: {', '.join(sorted(known))})")
+    secrets = {}
+    for s in secret_keys:
+        given = [k for k in (s, s + "_env", s + "_file") if k in table]
+        if len(given) > 1:
+            raise AlertConfigError(f"{where} {s}: give one of {', '.join(given)}, not several")
+        for k in given:
+            if not isinstance(table[k], str) or not table[k]:
+                raise AlertConfigError(f"{where} {k}: must be a non-empty string")
+        if given:
+            key = given[0]
+            kw = {"env": table[key]} if key.endswith("_env") else {"file": table[key]} if key.endswith("_file") \
+                else {"value": table[key]}
+            secrets[s] = SecretRef(where=f"{where} {s}", **kw)
+        elif s in _REQUIRED[typ]:
+            raise AlertConfigError(f"{where}: a {typ} channel needs {s}_env, {s}_file or {s}")
+    timeout = table.get("timeout", 0.0)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
+        raise AlertConfigError(f"{where} timeout: must be a number of seconds")
+    options = {k: str(table[k]) for k in _PLAIN_BY_TYPE[typ] if k in table}
+    if typ == "pagerduty":
+        options.setdefault("url", PAGERDUTY_URL)
+        options.setdefault("source", "ckptwatch")
+    return ChannelSpec(
+        name=name, type=typ, min_severity=_severity(table.get("min_severity", DEFAULT_MIN_SEVERITY[typ]),
+                                                    f"{where} min_severity"),
+        match=_match(table.get("match", {}), f"{where} match"), secrets=secrets, options=options,
+        timeout=float(timeout),
+    )
+
+
+def parse_channels(tables: Any) -> dict[str, ChannelSpec]:
+    """Check every ``[alerts.channels.*]`` table; name -> spec."""
+    if not isinstance(tables, dict):
+        raise AlertConfigError("[alerts] channels: must be a table of channel tables")
+    return {name: parse_channel(name, t) for name, t in tables.items()}
+
+
+def parse_time(value: Any, where: str) -> dt.datetime:
+    """An ISO 8601 time (TOML datetimes too) as an aware UTC datetime; naive means UTC."""
+    if isinstance(value, str):
+        try:
+            value = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            raise AlertConfigError(f"{where}: {value!r} is not an ISO 8601 time") from None
+    if not isinstance(value, dt.datetime):
+        raise AlertConfigError(f"{where}: must be an ISO 8601 time such as 2026-12-01T00:00:00Z")
+    return value.replace(tzinfo=dt.timezone.utc) if value.tzinfo is None else value.astimezone(dt.timezone.utc)
+
+
+def parse_silences(tables: Any) -> list[Any]:
+    """Check ``[[alerts.silences]]`` tables; returns
+    :class:`ckptwatch.sinks.alerts.silences.Silence` objects with ids ``config-1``, ..."""
+    from ckptwatch.sinks.alerts.silences import Silence
+
+    if not isinstance(tables, list):
+        raise AlertConfigError("[alerts] silences: must be an array of tables ([[alerts.silences]])")
+    return [Silence.from_dict({"id": f"config-{i + 1}", **t}, f"[[alerts.silences]] #{i + 1}")
+            for i, t in enumerate(tables)]
