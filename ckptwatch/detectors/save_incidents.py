@@ -13,7 +13,9 @@ For each save of a job (see :mod:`.saves`) that is not complete:
   start it is **stalled**.
 
 Each incident names the last good checkpoint: the newest earlier step whose save
-completed on every expected rank.
+completed on every expected rank. An incident is ``resolved`` once a later save of the
+job completed on every expected rank (the job has a good checkpoint again); a stalled
+save that finishes after all is resolved by the runner (:mod:`.runner`).
 """
 
 from __future__ import annotations
@@ -94,6 +96,7 @@ def evaluate(
         s = saves[step]
         if s.complete or s.first_ts is None:
             continue
+        n_before = len(out)
         start = s.first_ts - dt.timedelta(seconds=windows.pre_window)
         failures = sorted(
             [e for e in job_failures if e.ts >= start] + [e for e in host_events if e.ts >= start],
@@ -127,6 +130,8 @@ def evaluate(
                                  save_items, s.first_ts))
         elif watermark - s.first_ts >= dt.timedelta(seconds=windows.stall_after):
             out.append(_incident("stalled_save", state, s, None, [], last_good, save_items, s.first_ts))
+        if len(out) > n_before and complete_steps and complete_steps[-1] > step:
+            out[-1].status = "resolved"
     return out
 
 

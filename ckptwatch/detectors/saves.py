@@ -4,8 +4,10 @@ A rank's part of the save of step N is
 
 * **started** by a ``save_start`` event for step N,
 * **finished** by a ``save_end`` event for step N, or implicitly when the rank logs a
-  later step (a metric for a step > N or a later ``save_start``): a synchronous save must
-  have returned before training went on. Implicit ends are listed apart,
+  later step (a metric for a step > N or a later ``save_start``) before any failure of the
+  job after the save started: a synchronous save must have returned before training went
+  on, but progress logged after a failure comes from a restarted process, which says
+  nothing of the save that was under way. Implicit ends are listed apart,
 * **failed** by a ``save_error`` event for step N.
 
 The ranks expected to take part: every rank of the world size when the job logs saves
@@ -18,7 +20,9 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass, field
 
-from ckptwatch.detectors.events import Ev
+import bisect
+
+from ckptwatch.detectors.events import FAILURE_KINDS, Ev
 from ckptwatch.detectors.jobstate import JobState
 
 
@@ -70,8 +74,15 @@ def _better_path(a: str | None, b: str | None) -> str | None:
 def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
     """All saves of a job by step, with expected ranks and implicit ends filled in."""
     saves: dict[int, SaveState] = {}
-    later_start: dict[int, int] = {}  # rank -> highest step it started saving
+    progress: dict[int, _Progress] = {}  # rank -> its later steps, in time order
+    failures: list[dt.datetime] = []  # job failures, in time order
     for ev in events:
+        if ev.kind in FAILURE_KINDS and ev.kind != "save_error":
+            failures.append(ev.ts)
+        if ev.kind in ("metric", "save_start") and ev.step is not None:
+            r = state.rank_of(ev)
+            if r is not None:
+                progress.setdefault(r, _Progress()).add(ev)
         if ev.kind not in ("save_start", "save_end", "save_error") or ev.step is None:
             continue
         rank = state.rank_of(ev)
@@ -82,7 +93,6 @@ def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
         if ev.kind == "save_start":
             s.started.setdefault(rank, ev)
             s.first_ts = ev.ts if s.first_ts is None or ev.ts < s.first_ts else s.first_ts
-            later_start[rank] = max(later_start.get(rank, -1), ev.step)
         elif ev.kind == "save_end":
             s.finished.setdefault(rank, ev)
             if s.first_ts is None:
@@ -99,8 +109,31 @@ def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
             s.expected = set(seen_ranks) or logged
         else:
             s.expected = logged
+        if s.first_ts is None:
+            continue
+        i = bisect.bisect_left(failures, s.first_ts)
+        failed_at = failures[i] if i < len(failures) else None
         for rank in s.expected - set(s.finished):
-            went_on = state.last_metric_step.get(rank, -1) > s.step or later_start.get(rank, -1) > s.step
-            if went_on:
-                s.implicit[rank] = state.last_metric_ev.get(rank) or s.started.get(rank) or next(iter(s.finished.values()))
+            went_on = progress[rank].first_past(s.step) if rank in progress else None
+            if went_on is not None and (failed_at is None or went_on.ts < failed_at):
+                s.implicit[rank] = went_on
     return saves
+
+
+@dataclass
+class _Progress:
+    """One rank's step-bearing events in time order, with the running maximum of their
+    steps, so that "the first event past step N" is a binary search."""
+
+    events: list[Ev] = field(default_factory=list)
+    max_step: list[int] = field(default_factory=list)
+
+    def add(self, ev: Ev) -> None:
+        assert ev.step is not None
+        self.events.append(ev)
+        self.max_step.append(max(ev.step, self.max_step[-1]) if self.max_step else ev.step)
+
+    def first_past(self, step: int) -> Ev | None:
+        """The earliest event with a step above ``step`` (None if there is none)."""
+        i = bisect.bisect_right(self.max_step, step)
+        return self.events[i] if i < len(self.events) else None
