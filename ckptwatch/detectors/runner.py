@@ -108,10 +108,22 @@ class Detector:
             for inc in found:
                 changed += self._emit(inc, wall)
                 still_open = still_open or inc.kind == "stalled_save"
+            changed += self._finished_stalls(job, {i.id for i in found})
             if not final and (still_open or self._has_open_save(state, found)):
                 continue  # keep evaluating as the watermark moves
             self._dirty.discard(job)
         return changed
+
+    def _finished_stalls(self, job: str, found: set[str]) -> list[Incident]:
+        """Open ``stalled_save`` incidents of ``job`` that evaluation no longer reports: their
+        save finished after all. They become ``resolved``."""
+        out = []
+        for iid, (_, inc) in list(self._emitted.items()):
+            if inc.job == job and inc.kind == "stalled_save" and inc.status == "open" and iid not in found:
+                inc.status = "resolved"
+                self._emitted[iid] = (inc.fingerprint(), inc)
+                out.append(inc)
+        return out
 
     @staticmethod
     def _has_open_save(state: JobState, found: list[Incident]) -> bool:
@@ -138,6 +150,20 @@ class Detector:
         self._emitted[inc.id] = (fp, inc)
         out.append(inc)
         return out
+
+    def open_saves(self) -> int:
+        """Saves (one per job and step) started and not concluded yet, over every job: no
+        ``save_end`` for the step and no incident other than ``stalled_save`` about it (a
+        stalled save may still finish). The same notion of "open" that keeps a job under
+        evaluation in :meth:`advance`. Costs one pass over the events held."""
+        concluded = {key for key, iid in self._by_save.items()
+                     if iid in self._emitted and self._emitted[iid][1].kind != "stalled_save"}
+        n = 0
+        for job, state in self.jobs.items():
+            starts = {e.step for e in state.events.values() if e.kind == "save_start"}
+            ends = {e.step for e in state.events.values() if e.kind == "save_end"}
+            n += sum(1 for step in starts - ends if (job, step) not in concluded)
+        return n
 
     def incidents(self) -> list[Incident]:
         """Every incident emitted so far (latest version), by first_ts."""
