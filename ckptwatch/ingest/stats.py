@@ -9,8 +9,9 @@ from dataclasses import dataclass, field
 
 @dataclass
 class Stats:
-    """Counters of one pipeline run. ``skipped`` maps reason -> count; ``errors`` are
-    human-readable messages naming the file and the problem."""
+    """Counters of one pipeline run. ``skipped`` maps reason -> count; ``lines_by_kind``
+    maps source kind (console, worker, kernel, log) -> lines read, summing to ``lines``;
+    ``errors`` are human-readable messages naming the file and the problem."""
 
     files: int = 0
     lines: int = 0
@@ -19,10 +20,17 @@ class Stats:
     duplicate_events: int = 0
     invalid_utf8: int = 0
     skipped: dict[str, int] = field(default_factory=dict)
+    lines_by_kind: dict[str, int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
 
     def skip(self, reason: str, n: int = 1) -> None:
         self.skipped[reason] = self.skipped.get(reason, 0) + n
+
+    def add_lines(self, source_kind: str, n: int) -> None:
+        """Count ``n`` lines read from a source of ``source_kind``."""
+        if n:
+            self.lines += n
+            self.lines_by_kind[source_kind] = self.lines_by_kind.get(source_kind, 0) + n
 
     def to_dict(self) -> dict[str, object]:
         return {

@@ -395,7 +395,7 @@ class SourceWatcher:
             if superseded is not None:
                 superseded += tail.superseded
             tail.superseded.clear()
-        self.stats.lines += tail.stats.lines - before_lines
+        self.stats.add_lines(tail.labels.source_kind, tail.stats.lines - before_lines)
         bad_utf8 = tail.stats.invalid_utf8 - before_utf8
         self.stats.invalid_utf8 += bad_utf8
         if bad_utf8:

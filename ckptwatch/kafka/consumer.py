@@ -41,6 +41,7 @@ class GroupMember:
 
     def __init__(self, settings: KafkaSettings, group: str, topics: Sequence[str], *, client_id: str,
                  on_assigned: PartitionsCallback | None = None, on_revoked: PartitionsCallback | None = None) -> None:
+        self.topics = list(topics)
         self._consumer = KafkaConsumer(**configuration.consumer(settings, client_id, group))
         self._consumer.subscribe(list(topics), listener=_Listener(on_assigned or (lambda p: None),
                                                                      on_revoked or (lambda p: None)))
@@ -57,6 +58,24 @@ class GroupMember:
     def highwater(self, tp: TopicPartition) -> int | None:
         """The partition's end offset as of the last fetch (no request made); None before one."""
         return self._consumer.highwater(tp)
+
+    def lag(self) -> dict[str, int]:
+        """Records waiting per subscribed topic: over this member's assigned partitions,
+        the end offset as of the last fetch minus the position (the next offset poll
+        returns). A partition not fetched since its assignment counts 0; so does a topic
+        with no partition assigned here. Makes no request once positions are known."""
+        out = dict.fromkeys(self.topics, 0)
+        for tp in self._consumer.assignment():
+            end = self._consumer.highwater(tp)
+            if end is None:
+                continue
+            try:
+                pos = self._consumer.position(tp, timeout_ms=0)
+            except KafkaError:  # revoked meanwhile, or no position yet
+                continue
+            if pos is not None:
+                out[tp.topic] = out.get(tp.topic, 0) + max(0, end - pos)
+        return out
 
     def seek(self, tp: TopicPartition, offset: int) -> None:
         """Read ``tp`` from ``offset`` next (allowed inside the assignment callback)."""
