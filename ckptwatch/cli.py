@@ -10,12 +10,13 @@ Errors are one line naming the file (and line or rule) and the reason, never a t
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
 import os
 import signal
 import sys
 from collections.abc import Callable
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import duckdb
 import typer
@@ -30,6 +31,9 @@ from ckptwatch.pipeline import PipelineOptions, diagnose
 from ckptwatch.rules import RuleError, check_rule_files
 from ckptwatch.sinks import report
 from ckptwatch.sinks.duckdb_store import Store
+
+if TYPE_CHECKING:
+    from ckptwatch.sinks.metrics import Metrics
 
 T = TypeVar("T")
 
@@ -58,6 +62,11 @@ PartitionsOpt = Annotated[int | None, typer.Option("--partitions", help="Partiti
                                                     "because it is missing (default 6).")]
 UntilIdleOpt = Annotated[float | None, typer.Option("--until-idle", min=0, help="Exit after this many seconds "
                                                      "without new input (default: run until stopped).")]
+MetricsPortOpt = Annotated[int | None, typer.Option("--metrics-port", help="Serve Prometheus metrics at "
+                                                     "http://ADDRESS:PORT/metrics (e.g. 9464; default 0: off; "
+                                                     "also [metrics] port).")]
+MetricsAddressOpt = Annotated[str | None, typer.Option("--metrics-address", help="Address the metrics endpoint "
+                                                        "listens on (default 127.0.0.1; 0.0.0.0: every interface).")]
 
 
 def _fail(msg: str, code: int = 2) -> typer.Exit:
@@ -114,6 +123,7 @@ def diagnose_cmd(
 
 @app.command("run")
 def run_cmd(
+    ctx: typer.Context,
     logs: Annotated[str, typer.Option("--logs", help="Directory to tail (every file under it, new ones too).")],
     db: Annotated[str, typer.Option("--db", help="DuckDB file for events and incidents.")] = "incidents.duckdb",
     once: Annotated[bool, typer.Option("--once", help="Process what exists now, then exit.")] = False,
@@ -125,6 +135,8 @@ def run_cmd(
     path_template: TemplateOpt = None,
     boot_time: BootOpt = None,
     rules: RulesOpt = None,
+    metrics_port: MetricsPortOpt = None,
+    metrics_address: MetricsAddressOpt = None,
 ) -> None:
     """Tail a directory of logs and write events and incidents to DuckDB.
 
@@ -135,8 +147,10 @@ def run_cmd(
     if not os.path.isdir(logs):
         raise _fail(f"--logs {logs}: not a directory")
     cfg = _config(config, {"kafka": {"bootstrap_servers": kafka, "partitions": partitions},
-                           "collect": {"interval": interval}}, need_kafka=False)
+                           "collect": {"interval": interval},
+                           "metrics": {"port": metrics_port, "address": metrics_address}}, need_kafka=False)
     options = _options(path_template, boot_time, rules)
+    metrics = _start_metrics(ctx, cfg)
     console = Console(highlight=False, soft_wrap=True)
     show = lambda inc: report.render_text([inc], console)  # noqa: E731
     if cfg.kafka.enabled:
@@ -147,7 +161,7 @@ def run_cmd(
         store = _open_store(db)
         try:
             res = _serve(lambda: launch.run_all(cfg, options, store, once=once, until_idle=until_idle, say=_say,
-                                                on_incident=show))
+                                                on_incident=show, metrics=metrics))
         finally:
             store.close()
         if res is not None:
@@ -156,7 +170,7 @@ def run_cmd(
     from ckptwatch.embedded import EmbeddedRunner
 
     try:
-        runner = EmbeddedRunner(logs, db, options, on_incident=show)
+        runner = EmbeddedRunner(logs, db, options, on_incident=show, metrics=metrics)
     except RuleError as e:
         raise _fail(str(e)) from None
     except duckdb.Error as e:
@@ -185,6 +199,24 @@ def _config(path: str | None, flags: dict[str, dict[str, object]], *, need_kafka
         raise _fail("no Kafka broker configured: pass --kafka HOST:PORT, set CKPTWATCH_KAFKA_BOOTSTRAP_SERVERS, "
                     "or bootstrap_servers in the config file's [kafka] section")
     return cfg
+
+
+def _start_metrics(ctx: typer.Context, cfg: Config) -> Metrics:
+    """The process's metrics; served over HTTP when ``[metrics] port`` is not 0, until the
+    command of ``ctx`` ends. A port that cannot be bound is a one-line error."""
+    from ckptwatch.sinks.metrics import Metrics, MetricsServer
+
+    metrics = Metrics(job_label=cfg.metrics.job_label)
+    if cfg.metrics.port:
+        where = f"{cfg.metrics.address}:{cfg.metrics.port}"
+        try:
+            server = MetricsServer(metrics, cfg.metrics.port, cfg.metrics.address)
+        except OSError as e:
+            hint = " (choose another --metrics-port)" if e.errno == errno.EADDRINUSE else ""
+            raise _fail(f"metrics: cannot listen on {where}: {e.strerror or e}{hint}") from None
+        ctx.call_on_close(server.close)
+        _info(f"metrics: {server.url}")
+    return metrics
 
 
 def _info(msg: str) -> None:
@@ -222,6 +254,7 @@ def _serve(fn: Callable[[], T]) -> T | None:
 
 @app.command("collect")
 def collect_cmd(
+    ctx: typer.Context,
     paths: Annotated[list[str] | None, typer.Argument(help="Log files, directories or glob patterns "
                                                            "('/var/log/train/**/*.log'); default: collect.paths of the config.")] = None,
     kafka: KafkaOpt = None,
@@ -234,13 +267,16 @@ def collect_cmd(
     path_template: TemplateOpt = None,
     boot_time: BootOpt = None,
     rules: RulesOpt = None,
+    metrics_port: MetricsPortOpt = None,
+    metrics_address: MetricsAddressOpt = None,
 ) -> None:
     """Fleet collector: tail this host's logs, parse them, publish events to Kafka."""
     from ckptwatch.services import launch
 
     cfg = _config(config, {"kafka": {"bootstrap_servers": kafka, "partitions": partitions},
                            "collect": {"paths": paths or None, "checkpoint": checkpoint,
-                                       "path_template": path_template, "boot_time": boot_time}}, need_kafka=True)
+                                       "path_template": path_template, "boot_time": boot_time},
+                           "metrics": {"port": metrics_port, "address": metrics_address}}, need_kafka=True)
     if not cfg.collect.paths:
         raise _fail("nothing to collect: give paths, or paths in the config file's collect section")
     if not cfg.collect.checkpoint:
@@ -248,7 +284,8 @@ def collect_cmd(
     options = _options(cfg.collect.path_template or None, cfg.collect.boot_time or None, rules)
     _info(f"collect: {', '.join(cfg.collect.paths)} -> {cfg.kafka.events_topic} at {cfg.kafka.bootstrap_servers}; "
           f"offsets in {cfg.collect.checkpoint}")
-    c = _serve(lambda: launch.collect(cfg, options, once=once, until_idle=until_idle, say=_say))
+    metrics = _start_metrics(ctx, cfg)
+    c = _serve(lambda: launch.collect(cfg, options, once=once, until_idle=until_idle, say=_say, metrics=metrics))
     if c is not None:
         _report_stats(c.stats.to_dict(), f"{c.published} events published to {cfg.kafka.events_topic}")
         if once and c.stats.files == 0:
@@ -257,20 +294,25 @@ def collect_cmd(
 
 @app.command("detect")
 def detect_cmd(
+    ctx: typer.Context,
     kafka: KafkaOpt = None,
     config: ConfigOpt = None,
     group: Annotated[str | None, typer.Option("--group", help="Consumer group (default ckptwatch-detect).")] = None,
     until_idle: UntilIdleOpt = None,
     partitions: PartitionsOpt = None,
+    metrics_port: MetricsPortOpt = None,
+    metrics_address: MetricsAddressOpt = None,
 ) -> None:
     """Fleet detector: one member of the detector consumer group (run several to scale out)."""
     from ckptwatch.services import launch
 
     cfg = _config(config, {"kafka": {"bootstrap_servers": kafka, "partitions": partitions},
-                           "detect": {"group": group}}, need_kafka=True)
+                           "detect": {"group": group},
+                           "metrics": {"port": metrics_port, "address": metrics_address}}, need_kafka=True)
     _info(f"detect: group {cfg.detect.group}, {cfg.kafka.events_topic} -> {cfg.kafka.incidents_topic} "
           f"at {cfg.kafka.bootstrap_servers}")
-    m = _serve(lambda: launch.detect(cfg, PipelineOptions(), until_idle=until_idle, say=_say))
+    metrics = _start_metrics(ctx, cfg)
+    m = _serve(lambda: launch.detect(cfg, PipelineOptions(), until_idle=until_idle, say=_say, metrics=metrics))
     if m is not None:
         s = m.stats
         _err.print(f"[dim]{s.events} events ({s.replayed} replayed) in {s.rebalances} assignment(s), "
@@ -280,25 +322,30 @@ def detect_cmd(
 
 @app.command("sink")
 def sink_cmd(
+    ctx: typer.Context,
     kafka: KafkaOpt = None,
     config: ConfigOpt = None,
     db: Annotated[str | None, typer.Option("--db", help="DuckDB file (default incidents.duckdb).")] = None,
     group: Annotated[str | None, typer.Option("--group", help="Consumer group (default ckptwatch-sink).")] = None,
     until_idle: UntilIdleOpt = None,
     partitions: PartitionsOpt = None,
+    metrics_port: MetricsPortOpt = None,
+    metrics_address: MetricsAddressOpt = None,
 ) -> None:
     """Fleet sink: events and incidents from Kafka into DuckDB."""
     from ckptwatch.services import launch
 
     cfg = _config(config, {"kafka": {"bootstrap_servers": kafka, "partitions": partitions},
-                           "sink": {"db": db, "group": group}}, need_kafka=True)
+                           "sink": {"db": db, "group": group},
+                           "metrics": {"port": metrics_port, "address": metrics_address}}, need_kafka=True)
+    metrics = _start_metrics(ctx, cfg)  # before the store: a port in use leaves no database open
     store = _open_store(cfg.sink.db)
     _info(f"sink: group {cfg.sink.group}, {cfg.kafka.events_topic} + {cfg.kafka.incidents_topic} at "
           f"{cfg.kafka.bootstrap_servers} -> {cfg.sink.db}")
     console = Console(highlight=False, soft_wrap=True)
     try:
         m = _serve(lambda: launch.sink(cfg, store, until_idle=until_idle, say=_say,
-                                       on_incident=lambda inc: report.render_text([inc], console)))
+                                       on_incident=lambda inc: report.render_text([inc], console), metrics=metrics))
     finally:
         store.close()
     if m is not None:

@@ -21,17 +21,20 @@ from ckptwatch.pipeline import PipelineOptions, extract_events
 from ckptwatch.rules import RuleSet
 from ckptwatch.services.loop import run_steps
 from ckptwatch.sinks.duckdb_store import Store
+from ckptwatch.sinks.metrics import Metrics
 
 
 class EmbeddedRunner:
     """One embedded pipeline over ``logs_dir`` writing ``db_path``.
 
     ``on_incident`` is called with each new or changed incident (the console channel).
+    ``metrics`` is updated every cycle (a new :class:`Metrics` when None).
     """
 
     def __init__(self, logs_dir: str, db_path: str, options: PipelineOptions | None = None,
-                 on_incident: Callable[[Incident], None] | None = None) -> None:
+                 on_incident: Callable[[Incident], None] | None = None, *, metrics: Metrics | None = None) -> None:
         self.logs_dir = logs_dir
+        self.metrics = metrics or Metrics()
         self.options = options or PipelineOptions()
         self.rules = RuleSet.load(self.options.rule_files)
         self.store = Store(db_path)
@@ -51,6 +54,7 @@ class EmbeddedRunner:
         """One pass: read, match, store, detect. Returns the incidents that changed."""
         records = self.watcher.poll(final=final, now=now)
         events = extract_events(self.rules, records, self.stats)
+        self.metrics.observe_ingest(self.stats, events)
         changed_sources = [c for c in self.watcher.checkpoints() if self._stored.get(c.source_id) != c]
         rows = [(c.source_id, c.path, c.offset, c.job, c.head_hash) for c in changed_sources]
         self.store.commit_batch(events, rows)
@@ -63,6 +67,8 @@ class EmbeddedRunner:
             for inc in changed:
                 self.on_incident(inc)
         self.stats.duplicate_events = self.detector.stats.duplicates
+        self.metrics.observe_incidents(changed)
+        self.metrics.observe_detectors([self.detector], now, force=final)
         return changed
 
     def run(self, *, once: bool = False, interval: float = 1.0, until_idle: float | None = None) -> None:

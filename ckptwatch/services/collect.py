@@ -33,6 +33,7 @@ from ckptwatch.kafka.codec import encode_events
 from ckptwatch.kafka.producer import Message, Publisher
 from ckptwatch.pipeline import extract_events
 from ckptwatch.rules import RuleSet
+from ckptwatch.sinks.metrics import Metrics
 
 UNKNOWN_JOB = b"unknown"
 
@@ -42,11 +43,14 @@ class Collector:
 
     Raises CheckpointError (from :class:`FileCheckpointer`) when the checkpoint file exists
     but cannot be read; BrokerUnavailable when no broker answers for a minute at start.
+    ``metrics`` gets lines, events and skipped input every step (a new one when None).
     """
 
     def __init__(self, config: Config, *, rules: RuleSet, template: re.Pattern[str] | None = None,
-                 boot_time: dt.datetime | None = None, on_wait: Callable[[str], None] | None = None) -> None:
+                 boot_time: dt.datetime | None = None, on_wait: Callable[[str], None] | None = None,
+                 metrics: Metrics | None = None) -> None:
         self.config = config
+        self.metrics = metrics or Metrics()
         self.rules = rules
         self.checkpointer = FileCheckpointer(config.collect.checkpoint)
         own = os.path.abspath(config.collect.checkpoint)
@@ -81,6 +85,7 @@ class Collector:
         ``final``: the files will not grow (``--once``): flush held-back lines too."""
         records = self.watcher.poll(final=final, now=now)
         events = extract_events(self.rules, records, self.stats) if not records.is_empty() else pl.DataFrame()
+        self.metrics.observe_ingest(self.stats, events)
         msgs = self.messages(events) if not events.is_empty() else []
         if msgs:
             self.publisher.publish(msgs)

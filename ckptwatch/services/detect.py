@@ -34,6 +34,7 @@ from ckptwatch.kafka.admin import ensure_topics
 from ckptwatch.kafka.codec import DecodeError, decode_events_skipping, decode_incident, encode_incident
 from ckptwatch.kafka.consumer import GroupMember, read_to_end
 from ckptwatch.kafka.producer import Message, Publisher
+from ckptwatch.sinks.metrics import Metrics
 
 
 @dataclass
@@ -49,11 +50,15 @@ class DetectStats:
 
 class DetectorMember:
     """One member of ``config.detect.group``. ``on_message`` receives human-readable notes
-    (a broker outage, a message that is not an event)."""
+    (a broker outage, a message that is not an event). ``metrics`` gets incidents first
+    published, detector lag, open saves, consumer lag and bad messages every step (a new
+    one when None)."""
 
     def __init__(self, config: Config, *, detector_config: DetectorConfig | None = None,
-                 on_message: Callable[[str], None] | None = None, poll_timeout: float = 0.5) -> None:
+                 on_message: Callable[[str], None] | None = None, poll_timeout: float = 0.5,
+                 metrics: Metrics | None = None) -> None:
         self.config = config
+        self.metrics = metrics or Metrics()
         self.detector_config = detector_config or DetectorConfig(allowed_lateness=config.detect.allowed_lateness)
         self.on_message = on_message or (lambda msg: None)
         self.poll_timeout = poll_timeout
@@ -106,6 +111,7 @@ class DetectorMember:
         events, bad = decode_events_skipping([r.value for r in records])
         for i, e in bad:
             self.stats.bad_messages += 1
+            self.metrics.count_skipped("bad_message")
             self.on_message(f"{tp.topic} partition {tp.partition} offset {records[i].offset}: skipped: {e}")
         replaying = sum(1 for r in records if r.offset < self.replay_until.get(tp, 0))
         self.stats.replayed += replaying
@@ -149,6 +155,7 @@ class DetectorMember:
             fp = inc.fingerprint()
             if self.published.get(inc.id) != fp:
                 msgs.append((inc.id, fp, Message(self.config.kafka.incidents_topic, inc.id.encode(), encode_incident(inc))))
+        first = {iid for iid, _, _ in msgs if iid not in self.published}
         if msgs:
             self.publisher.publish([m for _, _, m in msgs])
             for iid, fp, _ in msgs:
@@ -158,6 +165,9 @@ class DetectorMember:
         commits = {tp: self.position[tp] for tp in by_tp
                    if tp in self.position and self.position[tp] > self.replay_until.get(tp, 0)}
         self.member.commit(commits)
+        self.metrics.observe_incidents(inc for inc in changed if inc.id in first)
+        self.metrics.observe_detectors(self.detectors.values(), now)
+        self.metrics.set_consumer_lag(self.config.detect.group, self.member.lag())
         return len(records) if self.joined else 1
 
     def close(self) -> None:

@@ -2,6 +2,8 @@
 
 Every function blocks until interrupted, or until ``until_idle`` seconds without work.
 ``say`` receives progress and warnings as sentences (the CLI prints them to stderr).
+``metrics`` (optional) is the process's :class:`~ckptwatch.sinks.metrics.Metrics`, shared by
+the services it runs.
 """
 
 from __future__ import annotations
@@ -17,14 +19,16 @@ from ckptwatch.services.detect import DetectorMember
 from ckptwatch.services.loop import run_steps
 from ckptwatch.services.sink import SinkMember
 from ckptwatch.sinks.duckdb_store import Store
+from ckptwatch.sinks.metrics import Metrics
 
 Say = Callable[[str], None]
 
 
-def collect(config: Config, options: PipelineOptions, *, once: bool, until_idle: float | None, say: Say) -> Collector:
+def collect(config: Config, options: PipelineOptions, *, once: bool, until_idle: float | None, say: Say,
+            metrics: Metrics | None = None) -> Collector:
     """Run a collector; with ``once``, publish what the files hold now (last lines included)
     and return. Returns the collector (closed) for its stats."""
-    collector = _collector(config, options, say)
+    collector = _collector(config, options, say, metrics)
     try:
         if once:
             collector.step(final=True)
@@ -35,19 +39,20 @@ def collect(config: Config, options: PipelineOptions, *, once: bool, until_idle:
     return collector
 
 
-def _collector(config: Config, options: PipelineOptions, say: Say) -> Collector:
+def _collector(config: Config, options: PipelineOptions, say: Say, metrics: Metrics | None) -> Collector:
     return Collector(config, rules=RuleSet.load(options.rule_files), template=options.template,
-                     boot_time=options.boot_time, on_wait=say)
+                     boot_time=options.boot_time, on_wait=say, metrics=metrics)
 
 
-def _detector(config: Config, options: PipelineOptions, say: Say) -> DetectorMember:
+def _detector(config: Config, options: PipelineOptions, say: Say, metrics: Metrics | None) -> DetectorMember:
     detector_config = DetectorConfig(allowed_lateness=config.detect.allowed_lateness, windows=options.detector.windows)
-    return DetectorMember(config, detector_config=detector_config, on_message=say)
+    return DetectorMember(config, detector_config=detector_config, on_message=say, metrics=metrics)
 
 
-def detect(config: Config, options: PipelineOptions, *, until_idle: float | None, say: Say) -> DetectorMember:
+def detect(config: Config, options: PipelineOptions, *, until_idle: float | None, say: Say,
+           metrics: Metrics | None = None) -> DetectorMember:
     """Run one detector group member; returns it (closed) for its stats."""
-    member = _detector(config, options, say)
+    member = _detector(config, options, say, metrics)
     try:
         run_steps([member.step], interval=config.detect.interval, until_idle=until_idle)
     finally:
@@ -56,9 +61,9 @@ def detect(config: Config, options: PipelineOptions, *, until_idle: float | None
 
 
 def sink(config: Config, store: Store, *, until_idle: float | None, say: Say,
-         on_incident: Callable[[Incident], None] | None = None) -> SinkMember:
+         on_incident: Callable[[Incident], None] | None = None, metrics: Metrics | None = None) -> SinkMember:
     """Run the DuckDB sink into ``store`` (the caller closes it); returns the member (closed)."""
-    member = SinkMember(config, store, on_message=say, on_incident=on_incident)
+    member = SinkMember(config, store, on_message=say, on_incident=on_incident, metrics=metrics)
     try:
         run_steps([member.step], interval=0.2, until_idle=until_idle)
     finally:
@@ -67,13 +72,15 @@ def sink(config: Config, store: Store, *, until_idle: float | None, say: Say,
 
 
 def run_all(config: Config, options: PipelineOptions, store: Store, *, once: bool, until_idle: float | None,
-            say: Say, on_incident: Callable[[Incident], None] | None = None) -> tuple[Collector, DetectorMember, SinkMember]:
+            say: Say, on_incident: Callable[[Incident], None] | None = None,
+            metrics: Metrics | None = None) -> tuple[Collector, DetectorMember, SinkMember]:
     """``ckptwatch run --kafka``: the three services in one process, linked by the broker.
     With ``once``: publish the files' contents, then run detector and sink until idle for
     ``until_idle`` seconds (default 5)."""
-    collector = _collector(config, options, say)
-    member = _detector(config, options, say)
-    sinker = SinkMember(config, store, on_message=say, on_incident=on_incident)
+    metrics = metrics or Metrics()
+    collector = _collector(config, options, say, metrics)
+    member = _detector(config, options, say, metrics)
+    sinker = SinkMember(config, store, on_message=say, on_incident=on_incident, metrics=metrics)
     try:
         if once:
             collector.step(final=True)

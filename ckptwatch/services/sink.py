@@ -26,6 +26,7 @@ from ckptwatch.kafka.admin import ensure_topics
 from ckptwatch.kafka.codec import DecodeError, decode_events_skipping, decode_incident
 from ckptwatch.kafka.consumer import GroupMember
 from ckptwatch.sinks.duckdb_store import Store
+from ckptwatch.sinks.metrics import Metrics
 
 
 @dataclass
@@ -40,11 +41,14 @@ class SinkStats:
 
 class SinkMember:
     """Consumes ``config.kafka`` topics as group ``config.sink.group`` into ``store``.
-    ``on_incident`` is called with each incident written (the console channel)."""
+    ``on_incident`` is called with each incident written (the console channel). ``metrics``
+    gets the consumer lag and bad messages every step (a new one when None)."""
 
     def __init__(self, config: Config, store: Store, *, on_message: Callable[[str], None] | None = None,
-                 on_incident: Callable[[Incident], None] | None = None, poll_timeout: float = 0.5) -> None:
+                 on_incident: Callable[[Incident], None] | None = None, poll_timeout: float = 0.5,
+                 metrics: Metrics | None = None) -> None:
         self.config = config
+        self.metrics = metrics or Metrics()
         self.store = store
         self._stored = store.kafka_offsets()  # (topic, partition) -> next offset, as in the database
         self.on_message = on_message or (lambda msg: None)
@@ -69,12 +73,14 @@ class SinkMember:
 
     def _bad(self, r: ConsumerRecord, e: Exception) -> None:
         self.stats.bad_messages += 1
+        self.metrics.count_skipped("bad_message")
         self.on_message(f"{r.topic} partition {r.partition} offset {r.offset}: skipped: {e}")
 
     def step(self) -> int:
         """Poll, write, commit. Returns the number of records consumed (1 while not yet in
         the group, so that waiting to join is not mistaken for idleness)."""
         records = self.member.poll(self.poll_timeout)
+        self.metrics.set_consumer_lag(self.config.sink.group, self.member.lag())
         if not records:
             return 0 if self.joined else 1
         event_recs = []
