@@ -10,6 +10,7 @@ Errors are one line naming the file (and line or rule) and the reason, never a t
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import errno
 import logging
 import os
@@ -30,6 +31,9 @@ from ckptwatch.ingest.layout import TemplateError, compile_template
 from ckptwatch.pipeline import PipelineOptions, diagnose
 from ckptwatch.rules import RuleError, check_rule_files
 from ckptwatch.sinks import report
+from ckptwatch.sinks.alerts.dispatcher import Alerter
+from ckptwatch.sinks.alerts.redact import RedactionError
+from ckptwatch.sinks.alerts.settings import AlertConfigError
 from ckptwatch.sinks.duckdb_store import Store
 
 if TYPE_CHECKING:
@@ -41,6 +45,9 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Find interrupted, partial and poisoned checkpoints in ML training logs.")
 rules_app = typer.Typer(no_args_is_help=True, help="Rule packs: list and validate log fingerprints.")
 app.add_typer(rules_app, name="rules")
+silence_app = typer.Typer(no_args_is_help=True, help="Silences: mute alerts by job, kind or label until they "
+                                                    "expire (the running pipeline picks them up at once).")
+app.add_typer(silence_app, name="silence")
 
 _err = Console(stderr=True, highlight=False)
 
@@ -151,8 +158,7 @@ def run_cmd(
                            "metrics": {"port": metrics_port, "address": metrics_address}}, need_kafka=False)
     options = _options(path_template, boot_time, rules)
     metrics = _start_metrics(ctx, cfg)
-    console = Console(highlight=False, soft_wrap=True)
-    show = lambda inc: report.render_text([inc], console)  # noqa: E731
+    alerter = _alerter(cfg, db)
     if cfg.kafka.enabled:
         from ckptwatch.services import launch
 
@@ -161,7 +167,7 @@ def run_cmd(
         store = _open_store(db)
         try:
             res = _serve(lambda: launch.run_all(cfg, options, store, once=once, until_idle=until_idle, say=_say,
-                                                on_incident=show, metrics=metrics))
+                                                metrics=metrics, alerter=_build(lambda: alerter(store, metrics))))
         finally:
             store.close()
         if res is not None:
@@ -170,8 +176,8 @@ def run_cmd(
     from ckptwatch.embedded import EmbeddedRunner
 
     try:
-        runner = EmbeddedRunner(logs, db, options, on_incident=show, metrics=metrics)
-    except RuleError as e:
+        runner = EmbeddedRunner(logs, db, options, metrics=metrics, alerter=alerter)
+    except (RuleError, AlertConfigError, RedactionError) as e:
         raise _fail(str(e)) from None
     except duckdb.Error as e:
         raise _fail(f"--db {db}: {str(e).splitlines()[0]}") from None
@@ -184,6 +190,23 @@ def run_cmd(
         stats = runner.stats.to_dict()
         runner.close()
     _report_stats(stats, f"{stats['events']} events; database {db}")
+
+
+def _alerter(cfg: Config, db: str) -> Callable[[Store, Metrics], Alerter]:
+    """The alerter factory of ``run`` / ``sink``: channels of ``[alerts]`` (plus the console)."""
+    from ckptwatch.sinks.alerts.setup import alerter_from_config
+
+    console = Console(highlight=False, soft_wrap=True)
+    return lambda store, metrics: alerter_from_config(cfg.alerts, store, db_path=db, metrics=metrics, say=_say,
+                                                      console=console)
+
+
+def _build(fn: Callable[[], T]) -> T:
+    """``fn()``, with an alert channel or redaction file that cannot be used as a one-line error."""
+    try:
+        return fn()
+    except (AlertConfigError, RedactionError) as e:
+        raise _fail(str(e)) from None
 
 
 def _config(path: str | None, flags: dict[str, dict[str, object]], *, need_kafka: bool) -> Config:
@@ -342,10 +365,10 @@ def sink_cmd(
     store = _open_store(cfg.sink.db)
     _info(f"sink: group {cfg.sink.group}, {cfg.kafka.events_topic} + {cfg.kafka.incidents_topic} at "
           f"{cfg.kafka.bootstrap_servers} -> {cfg.sink.db}")
-    console = Console(highlight=False, soft_wrap=True)
+    alerter = _build(lambda: _alerter(cfg, cfg.sink.db)(store, metrics))
     try:
-        m = _serve(lambda: launch.sink(cfg, store, until_idle=until_idle, say=_say,
-                                       on_incident=lambda inc: report.render_text([inc], console), metrics=metrics))
+        m = _serve(lambda: launch.sink(cfg, store, until_idle=until_idle, say=_say, metrics=metrics,
+                                       alerter=alerter))
     finally:
         store.close()
     if m is not None:
@@ -396,6 +419,115 @@ def rules_list() -> None:
     console = Console(highlight=False)
     for r in RuleSet.load().rules:
         console.print(f"{r.id:<42} {r.event:<20} {os.path.basename(r.file)}")
+
+
+_DURATION = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def _duration(text: str) -> float:
+    """``90s``, ``30m``, ``2h``, ``1d``, ``1h30m`` -> seconds. Raises ValueError."""
+    import re
+
+    parts = re.findall(r"(\d+(?:\.\d+)?)([smhdw])", text.strip())
+    if not parts or "".join(n + u for n, u in parts) != text.strip():
+        raise ValueError(text)
+    return sum(float(n) * _DURATION[u] for n, u in parts)
+
+
+def _silence_file(config: str | None, db: str | None, file: str | None) -> tuple[Any, list[Any]]:
+    """The silence file of the database (``--file``, ``[alerts] silences_file`` or
+    ``<db>.silences.json``) and the config's silences."""
+    from ckptwatch.sinks.alerts.settings import parse_silences
+    from ckptwatch.sinks.alerts.setup import silences_path
+    from ckptwatch.sinks.alerts.silences import SilenceFile
+
+    cfg = _config(config, {"sink": {"db": db}}, need_kafka=False)
+    return SilenceFile(file or silences_path(cfg.alerts, cfg.sink.db)), _build(lambda: parse_silences(cfg.alerts.silences))
+
+
+SilenceDbOpt = Annotated[str | None, typer.Option("--db", help="The pipeline's DuckDB file (default: [sink] db, "
+                                                   "incidents.duckdb); silences live in DB.silences.json.")]
+SilenceFileOpt = Annotated[str | None, typer.Option("--file", help="The silence file itself (overrides --db).")]
+
+
+@silence_app.command("add")
+def silence_add(
+    job: Annotated[str | None, typer.Option("--job", help="Job glob, e.g. 'debug-*'.")] = None,
+    kind: Annotated[str | None, typer.Option("--kind", help="Incident kind glob, e.g. stalled_save.")] = None,
+    label: Annotated[list[str] | None, typer.Option("--label", help="LABEL=GLOB on host, cause or severity "
+                                                    "(repeatable), e.g. host=node-07.")] = None,
+    duration: Annotated[str, typer.Option("--for", help="How long: 30m, 2h, 1d, 1h30m.")] = "2h",
+    comment: Annotated[str, typer.Option("--comment", help="Why (shown by list).")] = "",
+    db: SilenceDbOpt = None,
+    file: SilenceFileOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Mute alerts of matching incidents until the silence expires; prints its id."""
+    from ckptwatch.sinks.alerts.settings import LABELS
+
+    matchers = {k: v for k, v in (("job", job), ("kind", kind)) if v}
+    for item in label or []:
+        key, sep, glob = item.partition("=")
+        if not sep or key not in LABELS or not glob:
+            raise _fail(f"--label {item}: expected LABEL=GLOB with LABEL one of {', '.join(LABELS)}")
+        matchers[key] = glob
+    if not matchers:
+        raise _fail("nothing to match: give --job, --kind and/or --label")
+    try:
+        seconds = _duration(duration)
+    except ValueError:
+        raise _fail(f"--for {duration}: not a duration such as 30m, 2h, 1d or 1h30m") from None
+    sf, _ = _silence_file(config, db, file)
+    now = dt.datetime.now(dt.timezone.utc)
+    try:
+        s = sf.add(matchers, now + dt.timedelta(seconds=seconds), comment, now=now)
+    except (AlertConfigError, OSError) as e:
+        raise _fail(f"{sf.path}: {getattr(e, 'strerror', None) or e}") from None
+    Console(highlight=False).print(f"{s.id}  until {s.expires:%Y-%m-%d %H:%M:%S} UTC  "
+                                   + escape(" ".join(f"{k}={v}" for k, v in s.matchers.items())))
+
+
+@silence_app.command("list")
+def silence_list(
+    show_all: Annotated[bool, typer.Option("--all", help="Include expired silences.")] = False,
+    db: SilenceDbOpt = None,
+    file: SilenceFileOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Silences in force (from the silence file and the config), soonest to expire first."""
+    sf, configured = _silence_file(config, db, file)
+    try:
+        items = configured + sf.read()
+    except AlertConfigError as e:
+        raise _fail(str(e)) from None
+    now = dt.datetime.now(dt.timezone.utc)
+    console = Console(highlight=False, soft_wrap=True)
+    shown = sorted((s for s in items if show_all or s.active(now)), key=lambda s: s.expires)
+    if not shown:
+        console.print("no silence in force" + ("" if show_all else " (--all shows expired ones)"))
+    for s in shown:
+        state = "active " if s.active(now) else "expired"
+        match = " ".join(f"{k}={v}" for k, v in s.matchers.items())
+        console.print(escape(f"{s.id:<10} {state} until {s.expires:%Y-%m-%d %H:%M:%S} UTC  {match}"
+                             + (f"  # {s.comment}" if s.comment else "")))
+
+
+@silence_app.command("expire")
+def silence_expire(
+    silence_id: Annotated[str, typer.Argument(metavar="ID", help="Id printed by add / list.")],
+    db: SilenceDbOpt = None,
+    file: SilenceFileOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """End a silence now (config silences end by editing the config)."""
+    sf, configured = _silence_file(config, db, file)
+    if any(s.id == silence_id for s in configured):
+        raise _fail(f"{silence_id} comes from the config file: remove it there")
+    try:
+        s = sf.expire(silence_id)
+    except AlertConfigError as e:
+        raise _fail(str(e)) from None
+    Console(highlight=False).print(f"{s.id} expired at {s.expires:%Y-%m-%d %H:%M:%S} UTC")
 
 
 def main() -> None:

@@ -20,6 +20,7 @@ from ckptwatch.ingest.watcher import SourceWatcher
 from ckptwatch.pipeline import PipelineOptions, extract_events
 from ckptwatch.rules import RuleSet
 from ckptwatch.services.loop import run_steps
+from ckptwatch.sinks.alerts.dispatcher import Alerter
 from ckptwatch.sinks.duckdb_store import Store
 from ckptwatch.sinks.metrics import Metrics
 
@@ -28,16 +29,21 @@ class EmbeddedRunner:
     """One embedded pipeline over ``logs_dir`` writing ``db_path``.
 
     ``on_incident`` is called with each new or changed incident (the console channel).
-    ``metrics`` is updated every cycle (a new :class:`Metrics` when None).
+    ``metrics`` is updated every cycle (a new :class:`Metrics` when None). ``alerter``
+    builds the :class:`~ckptwatch.sinks.alerts.dispatcher.Alerter` on the runner's store:
+    changed incidents are queued for alerting in the transaction that stores them, and
+    every cycle delivers what is due.
     """
 
     def __init__(self, logs_dir: str, db_path: str, options: PipelineOptions | None = None,
-                 on_incident: Callable[[Incident], None] | None = None, *, metrics: Metrics | None = None) -> None:
+                 on_incident: Callable[[Incident], None] | None = None, *, metrics: Metrics | None = None,
+                 alerter: Callable[[Store, Metrics], Alerter] | None = None) -> None:
         self.logs_dir = logs_dir
         self.metrics = metrics or Metrics()
         self.options = options or PipelineOptions()
         self.rules = RuleSet.load(self.options.rule_files)
         self.store = Store(db_path)
+        self.alerter = alerter(self.store, self.metrics) if alerter else None
         self.detector = Detector(self.options.detector)
         self.on_incident = on_incident or (lambda inc: None)
         self._stored = {sid: SourceCheckpoint(sid, file or "", off, job, head or "")
@@ -63,7 +69,10 @@ class EmbeddedRunner:
             self.detector.process(events.iter_rows(named=True), now=now)
         changed = self.detector.advance(final=final, now=now)
         if changed:
-            self.store.upsert_incidents(changed)
+            with self.store.transaction():
+                self.store.upsert_incidents(changed)
+                if self.alerter:
+                    self.alerter.notify(changed)
             for inc in changed:
                 self.on_incident(inc)
         self.stats.duplicate_events = self.detector.stats.duplicates
@@ -71,21 +80,30 @@ class EmbeddedRunner:
         self.metrics.observe_detectors([self.detector], now, force=final)
         return changed
 
-    def run(self, *, once: bool = False, interval: float = 1.0, until_idle: float | None = None) -> None:
+    def run(self, *, once: bool = False, interval: float = 1.0, until_idle: float | None = None,
+            drain: float = 30.0) -> None:
         """Cycle until interrupted (or once, with everything flushed, for ``--once``; or
-        until no line was read for ``until_idle`` seconds). ``interval`` is in seconds.
+        until no line was read and no alert was in flight for ``until_idle`` seconds).
+        ``interval`` is in seconds. With ``once``, alerts are delivered for at most ``drain``
+        seconds before returning; what is still failing stays queued for the next run.
         The caller owns the store and closes it (:meth:`close`)."""
         if once:
             self.cycle(final=True)
+            if self.alerter:
+                self.alerter.drain(drain)
             return
         run_steps([self._step], interval=interval, until_idle=until_idle, pace=True)
 
     def _step(self) -> int:
-        """One cycle; returns the number of lines it read (the work :func:`run_steps` counts)."""
+        """One cycle; returns the number of lines it read plus the alert deliveries done or
+        in flight (the work :func:`run_steps` counts)."""
         lines = self.stats.lines
         self.cycle()
-        return self.stats.lines - lines
+        return self.stats.lines - lines + (self.alerter.step() if self.alerter else 0)
 
     def close(self) -> None:
+        """Waits for alerts in flight, then closes the files and the database."""
+        if self.alerter:
+            self.alerter.close()
         self.watcher.close()
         self.store.close()

@@ -369,3 +369,22 @@ def test_a_missing_secret_is_named_not_shown(monkeypatch, tmp_path):
         assert str(e.value) == "[alerts.channels.p] routing_key_env: environment variable NOT_SET_ANYWHERE is not set"
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("layer, message", [
+    ({"alerts": {"silences": [{"job": "x"}]}}, "[[alerts.silences]] #1: needs expires (silences always end)"),
+    ({"alerts": {"silences": [{"expires": "2026-12-01"}]}}, "[[alerts.silences]] #1: needs at least one label"),
+    ({"alerts": {"silences": [{"rank": "3", "expires": "2026-12-01"}]}}, "[[alerts.silences]] #1 rank: unknown key"),
+    ({"alerts": {"channels": {"s": {"type": "slack", "url": "https://x/T/B/SECRETPART", "url_env": "U"}}}},
+     "[alerts.channels.s] url: give one of url, url_env, not several"),
+    ({"alerts": {"channels": {"s": {"type": "slack", "url_env": "U", "match": {"rank": "1"}}}}},
+     "[alerts.channels.s] match: unknown label 'rank'"),
+    ({"alerts": {"retry_max": 0}}, "[alerts] retry_max: must be more than 0 seconds"),
+])
+def test_alert_config_errors_name_the_table_and_key_never_the_secret(layer, message):
+    from ckptwatch import config
+
+    with pytest.raises(config.ConfigError) as e:
+        config.build([("ckptwatch.toml", layer)])
+    assert message in str(e.value) and str(e.value).startswith("ckptwatch.toml: [alerts]")
+    assert "SECRETPART" not in str(e.value)

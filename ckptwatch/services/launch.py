@@ -18,6 +18,7 @@ from ckptwatch.services.collect import Collector
 from ckptwatch.services.detect import DetectorMember
 from ckptwatch.services.loop import run_steps
 from ckptwatch.services.sink import SinkMember
+from ckptwatch.sinks.alerts.dispatcher import Alerter
 from ckptwatch.sinks.duckdb_store import Store
 from ckptwatch.sinks.metrics import Metrics
 
@@ -61,9 +62,11 @@ def detect(config: Config, options: PipelineOptions, *, until_idle: float | None
 
 
 def sink(config: Config, store: Store, *, until_idle: float | None, say: Say,
-         on_incident: Callable[[Incident], None] | None = None, metrics: Metrics | None = None) -> SinkMember:
-    """Run the DuckDB sink into ``store`` (the caller closes it); returns the member (closed)."""
-    member = SinkMember(config, store, on_message=say, on_incident=on_incident, metrics=metrics)
+         on_incident: Callable[[Incident], None] | None = None, metrics: Metrics | None = None,
+         alerter: Alerter | None = None) -> SinkMember:
+    """Run the DuckDB sink into ``store`` (the caller closes it), alerting through
+    ``alerter``; returns the member (closed)."""
+    member = SinkMember(config, store, on_message=say, on_incident=on_incident, metrics=metrics, alerter=alerter)
     try:
         run_steps([member.step], interval=0.2, until_idle=until_idle)
     finally:
@@ -73,18 +76,20 @@ def sink(config: Config, store: Store, *, until_idle: float | None, say: Say,
 
 def run_all(config: Config, options: PipelineOptions, store: Store, *, once: bool, until_idle: float | None,
             say: Say, on_incident: Callable[[Incident], None] | None = None,
-            metrics: Metrics | None = None) -> tuple[Collector, DetectorMember, SinkMember]:
+            metrics: Metrics | None = None, alerter: Alerter | None = None) -> tuple[Collector, DetectorMember, SinkMember]:
     """``ckptwatch run --kafka``: the three services in one process, linked by the broker.
     With ``once``: publish the files' contents, then run detector and sink until idle for
-    ``until_idle`` seconds (default 5)."""
+    ``until_idle`` seconds (default 5) and deliver the alerts (at most 30 s)."""
     metrics = metrics or Metrics()
     collector = _collector(config, options, say, metrics)
     member = _detector(config, options, say, metrics)
-    sinker = SinkMember(config, store, on_message=say, on_incident=on_incident, metrics=metrics)
+    sinker = SinkMember(config, store, on_message=say, on_incident=on_incident, metrics=metrics, alerter=alerter)
     try:
         if once:
             collector.step(final=True)
             run_steps([member.step, sinker.step], interval=0.2, until_idle=until_idle or 5.0)
+            if alerter:
+                alerter.drain(30.0)
         else:
             run_steps([collector.step, member.step, sinker.step], interval=config.collect.interval,
                       until_idle=until_idle)

@@ -8,7 +8,8 @@ consumer group, is the authority on where to resume: on assignment each partitio
 sought to the offset stored in the database, or to its beginning for a database that never
 saw it (a new or moved file gets everything, not nothing). The group's offsets are
 committed after the transaction too, for lag monitoring. One sink process owns the database
-file (DuckDB allows one writer).
+file (DuckDB allows one writer). With an alerter, the incidents' notifications are queued
+in that same transaction and delivered from each step.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from ckptwatch.detectors import Incident
 from ckptwatch.kafka.admin import ensure_topics
 from ckptwatch.kafka.codec import DecodeError, decode_events_skipping, decode_incident
 from ckptwatch.kafka.consumer import GroupMember
+from ckptwatch.sinks.alerts.dispatcher import Alerter
 from ckptwatch.sinks.duckdb_store import Store
 from ckptwatch.sinks.metrics import Metrics
 
@@ -45,6 +47,7 @@ class SinkMember:
     gets the consumer lag and bad messages every step (a new one when None)."""
 
     def __init__(self, config: Config, store: Store, *, on_message: Callable[[str], None] | None = None,
+                 alerter: Alerter | None = None,
                  on_incident: Callable[[Incident], None] | None = None, poll_timeout: float = 0.5,
                  metrics: Metrics | None = None) -> None:
         self.config = config
@@ -53,6 +56,7 @@ class SinkMember:
         self._stored = store.kafka_offsets()  # (topic, partition) -> next offset, as in the database
         self.on_message = on_message or (lambda msg: None)
         self.on_incident = on_incident or (lambda inc: None)
+        self.alerter = alerter
         self.poll_timeout = poll_timeout
         self.stats = SinkStats()
         ensure_topics(config.kafka, on_wait=self.on_message)
@@ -77,8 +81,13 @@ class SinkMember:
         self.on_message(f"{r.topic} partition {r.partition} offset {r.offset}: skipped: {e}")
 
     def step(self) -> int:
-        """Poll, write, commit. Returns the number of records consumed (1 while not yet in
-        the group, so that waiting to join is not mistaken for idleness)."""
+        """Poll, write, commit, deliver alerts. Returns the number of records consumed plus
+        alert deliveries done or in flight (1 while not yet in the group, so that waiting to
+        join is not mistaken for idleness)."""
+        alerts = self.alerter.step() if self.alerter else 0
+        return self._consume() + alerts
+
+    def _consume(self) -> int:
         records = self.member.poll(self.poll_timeout)
         self.metrics.set_consumer_lag(self.config.sink.group, self.member.lag())
         if not records:
@@ -101,7 +110,10 @@ class SinkMember:
             self._bad(event_recs[i], e)
         self.stats.events_received += events.height
         done = {(tp.topic, tp.partition): off for tp, off in offsets.items()}
-        added, written = self.store.commit_kafka_batch(events, incidents.values(), done)
+        with self.store.transaction():
+            added, written = self.store.commit_kafka_batch(events, incidents.values(), done)
+            if self.alerter:
+                self.alerter.notify(incidents.values())
         self._stored.update(done)
         self.stats.events_inserted += added
         self.stats.incidents_upserted += written
@@ -112,4 +124,7 @@ class SinkMember:
         return len(records)
 
     def close(self) -> None:
+        """Leaves the group; waits for alerts in flight."""
+        if self.alerter:
+            self.alerter.close()
         self.member.close()

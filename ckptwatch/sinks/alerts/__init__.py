@@ -1,8 +1,24 @@
-"""Alert delivery (issue 4, in progress): shared stages first, one module per channel later.
+"""Alerting: incidents -> Slack, PagerDuty, webhooks and the console, each exactly once.
 
-* :mod:`.redact`     secrets removed from log lines before they leave the machine
-* :mod:`.pagerduty`  Events API v2 trigger / resolve payloads
-* :mod:`.slack`      Block Kit message within Slack's limits
+Laid out like Alertmanager's notification pipeline: one module per channel, the shared
+stages written once beside them.
 
-Not yet here: senders, the alert log (dedup), outbox and retries, routing, silences.
+Channels (render a notification in their API's format, send it once):
+
+* :mod:`.slack`      incoming webhook, Block Kit, within Slack's limits
+* :mod:`.pagerduty`  Events API v2 trigger / resolve, dedup key = incident id
+* :mod:`.webhook`    the incident as JSON, optional HMAC-SHA256 signature
+* :mod:`.console`    the text report on stdout (the embedded default)
+
+Shared stages:
+
+* :mod:`.settings`          ``[alerts.channels.*]`` / ``[[alerts.silences]]`` tables, secrets
+* :mod:`.routing`           incident labels, severity order, routes
+* :mod:`.silences`          silences from config and from ``ckptwatch silence``
+* :mod:`.dedup`             what one channel must be told about one incident version
+* :mod:`.notification_log`  the DuckDB outbox and alert log (table ``alerts``)
+* :mod:`.http`              one POST and what its answer means (sent / retry / rejected)
+* :mod:`.redact`            secrets removed from log lines before they leave the machine
+* :mod:`.dispatcher`        notify (queue) and step (deliver, retry, re-alert)
+* :mod:`.channels`, :mod:`.setup`  building all of it from the config
 """
