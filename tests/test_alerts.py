@@ -70,13 +70,13 @@ def channels(server: HTTPServer, *only: str):
 class Rig:
     """An alerter over a DuckDB file, its console captured."""
 
-    def __init__(self, db: str, settings: AlertSettings) -> None:
+    def __init__(self, db: str, settings: AlertSettings, metrics=None) -> None:
         self.db, self.settings = db, settings
         self.out = io.StringIO()
         self.said: list[str] = []
         self.store = Store(db)
         self.alerter = alerter_from_config(settings, self.store, db_path=db, say=self.said.append,
-                                           console=Console(file=self.out, width=200))
+                                           console=Console(file=self.out, width=200), metrics=metrics)
 
     def notify(self, *incs, now=T0):
         with self.store.transaction():
@@ -104,8 +104,8 @@ class Rig:
 def rig(env):
     made = []
 
-    def _make(tables, **settings):
-        r = Rig(str(env / "alerts.duckdb"), AlertSettings(channels=tables, **settings))
+    def _make(tables, metrics=None, **settings):
+        r = Rig(str(env / "alerts.duckdb"), AlertSettings(channels=tables, **settings), metrics)
         made.append(r)
         return r
 
@@ -388,3 +388,29 @@ def test_alert_config_errors_name_the_table_and_key_never_the_secret(layer, mess
         config.build([("ckptwatch.toml", layer)])
     assert message in str(e.value) and str(e.value).startswith("ckptwatch.toml: [alerts]")
     assert "SECRETPART" not in str(e.value)
+
+
+def test_alert_metrics_scraped_over_http(httpserver, rig, incident):
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from ckptwatch.sinks.metrics import Metrics, MetricsServer
+
+    httpserver.expect_oneshot_request("/slack").respond_with_data("busy", status=503)
+    httpserver.expect_request("/slack").respond_with_data("ok")
+    httpserver.expect_request("/v2/enqueue").respond_with_json({"status": "invalid event"}, status=400)
+    metrics = Metrics()
+    r = rig(channels(httpserver, "oncall", "pager"), metrics=metrics, retry_initial=1.0)
+    r.notify(incident)
+    r.pump(T0)
+    r.pump(T0 + dt.timedelta(seconds=1))
+    with MetricsServer(metrics, 0) as server:
+        text = urllib.request.urlopen(server.url, timeout=10).read().decode()
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families(text) for s in f.samples}
+    assert samples[("ckptwatch_alerts_sent_total", (("action", "trigger"), ("channel", "oncall")))] == 1
+    assert samples[("ckptwatch_alerts_sent_total", (("action", "trigger"), ("channel", "console")))] == 1
+    assert samples[("ckptwatch_alerts_failed_total", (("channel", "pager"), ("reason", "rejected")))] == 1
+    assert samples[("ckptwatch_alert_retries_total", (("channel", "oncall"),))] == 1
+    assert samples[("ckptwatch_alerts_pending", (("channel", "oncall"),))] == 0
