@@ -3,7 +3,8 @@
 Exit codes: ``diagnose`` 0 with no incident, 1 with at least one, 2 on a usage or input
 error; ``rules check`` 0 when every rule is sound, 1 otherwise, 2 on usage error.
 ``run``, ``collect``, ``detect`` and ``sink`` exit 0 when stopped (Ctrl-C, SIGTERM) or idle
-(``--until-idle``), 2 on a usage, config or input error.
+(``--until-idle``), 2 on a usage, config or input error; ``run --once`` exits 3 when an
+alert was not delivered (rejected, given up, or still queued for the next run).
 Errors are one line naming the file (and line or rule) and the reason, never a traceback.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import fnmatch
 import errno
 import logging
 import os
@@ -26,6 +28,7 @@ from rich.markup import escape
 
 from ckptwatch import config as config_mod
 from ckptwatch.config import Config
+from ckptwatch.detectors.incident import DEFAULT_SEVERITY
 from ckptwatch.ingest import timestamps
 from ckptwatch.ingest.layout import TemplateError, compile_template
 from ckptwatch.pipeline import PipelineOptions, diagnose
@@ -71,7 +74,7 @@ UntilIdleOpt = Annotated[float | None, typer.Option("--until-idle", min=0, help=
                                                      "without new input (default: run until stopped).")]
 MetricsPortOpt = Annotated[int | None, typer.Option("--metrics-port", help="Serve Prometheus metrics at "
                                                      "http://ADDRESS:PORT/metrics (e.g. 9464; default 0: off; "
-                                                     "also [metrics] port).")]
+                                                     "also the config's metrics.port).")]
 MetricsAddressOpt = Annotated[str | None, typer.Option("--metrics-address", help="Address the metrics endpoint "
                                                         "listens on (default 127.0.0.1; 0.0.0.0: every interface).")]
 
@@ -166,12 +169,14 @@ def run_cmd(
         cfg = dataclasses.replace(cfg, collect=collect, sink=dataclasses.replace(cfg.sink, db=db))
         store = _open_store(db)
         try:
+            built = _build(lambda: alerter(store, metrics))
             res = _serve(lambda: launch.run_all(cfg, options, store, once=once, until_idle=until_idle, say=_say,
-                                                metrics=metrics, alerter=_build(lambda: alerter(store, metrics))))
+                                                metrics=metrics, alerter=built))
         finally:
             store.close()
         if res is not None:
             _report_stats(res[0].stats.to_dict(), f"{res[0].published} events through Kafka; database {db}")
+        _alerts_done(built, once)
         return
     from ckptwatch.embedded import EmbeddedRunner
 
@@ -190,6 +195,19 @@ def run_cmd(
         stats = runner.stats.to_dict()
         runner.close()
     _report_stats(stats, f"{stats['events']} events; database {db}")
+    if runner.alerter:
+        _alerts_done(runner.alerter, once)
+
+
+def _alerts_done(alerter: Alerter, once: bool) -> None:
+    """The alert summary line; ``--once`` exits 3 when a notification was not delivered."""
+    line = alerter.summary()
+    if alerter.undelivered:
+        _say(line)
+        if once:
+            raise typer.Exit(3)
+    else:
+        _info(line)
 
 
 def _alerter(cfg: Config, db: str) -> Callable[[Store, Metrics], Alerter]:
@@ -254,6 +272,7 @@ def _sigterm_as_interrupt() -> None:
     def handler(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
     signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)  # also when started in the background, where SIGINT is ignored
 
 
 def _serve(fn: Callable[[], T]) -> T | None:
@@ -375,6 +394,7 @@ def sink_cmd(
         s = m.stats
         _err.print(f"[dim]{s.events_inserted} new events, {s.incidents_upserted} incident writes, "
                    f"{s.bad_messages} bad messages skipped; database {escape(cfg.sink.db)}[/dim]", soft_wrap=True)
+    _alerts_done(alerter, once=False)
 
 
 def _open_store(path: str) -> Store:
@@ -477,12 +497,18 @@ def silence_add(
         seconds = _duration(duration)
     except ValueError:
         raise _fail(f"--for {duration}: not a duration such as 30m, 2h, 1d or 1h30m") from None
+    if not 0 < seconds <= 366 * 86400:
+        raise _fail(f"--for {duration}: a silence lasts more than 0 s and at most 366 days")
+    if kind and not any(fnmatch.fnmatchcase(k, kind) for k in DEFAULT_SEVERITY):
+        raise _fail(f"--kind {kind}: matches no incident kind ({', '.join(DEFAULT_SEVERITY)})")
     sf, _ = _silence_file(config, db, file)
     now = dt.datetime.now(dt.timezone.utc)
     try:
         s = sf.add(matchers, now + dt.timedelta(seconds=seconds), comment, now=now)
-    except (AlertConfigError, OSError) as e:
-        raise _fail(f"{sf.path}: {getattr(e, 'strerror', None) or e}") from None
+    except AlertConfigError as e:
+        raise _fail(str(e)) from None
+    except OSError as e:
+        raise _fail(f"{sf.path}: {e.strerror or e}") from None
     Console(highlight=False).print(f"{s.id}  until {s.expires:%Y-%m-%d %H:%M:%S} UTC  "
                                    + escape(" ".join(f"{k}={v}" for k, v in s.matchers.items())))
 
@@ -504,7 +530,8 @@ def silence_list(
     console = Console(highlight=False, soft_wrap=True)
     shown = sorted((s for s in items if show_all or s.active(now)), key=lambda s: s.expires)
     if not shown:
-        console.print("no silence in force" + ("" if show_all else " (--all shows expired ones)"))
+        where = f"{sf.path}" if os.path.exists(sf.path) else f"{sf.path}, which does not exist: wrong --db?"
+        console.print(escape(f"no silence in force in {where}" + ("" if show_all else " (--all shows expired ones)")))
     for s in shown:
         state = "active " if s.active(now) else "expired"
         match = " ".join(f"{k}={v}" for k, v in s.matchers.items())

@@ -73,6 +73,7 @@ class Rig:
     def __init__(self, db: str, settings: AlertSettings, metrics=None) -> None:
         self.db, self.settings = db, settings
         self.out = io.StringIO()
+        self.closed = False
         self.said: list[str] = []
         self.store = Store(db)
         self.alerter = alerter_from_config(settings, self.store, db_path=db, say=self.said.append,
@@ -96,8 +97,10 @@ class Rig:
                                       "ORDER BY id").fetchall()
 
     def close(self):
-        self.alerter.close()
-        self.store.close()
+        if not self.closed:
+            self.closed = True
+            self.alerter.close()
+            self.store.close()
 
 
 @pytest.fixture
@@ -414,3 +417,77 @@ def test_alert_metrics_scraped_over_http(httpserver, rig, incident):
     assert samples[("ckptwatch_alerts_failed_total", (("channel", "pager"), ("reason", "rejected")))] == 1
     assert samples[("ckptwatch_alert_retries_total", (("channel", "oncall"),))] == 1
     assert samples[("ckptwatch_alerts_pending", (("channel", "oncall"),))] == 0
+
+
+def test_a_changed_root_cause_is_sent_as_an_update_once(httpserver, rig, incident):
+    httpserver.expect_request("/v2/enqueue").respond_with_json({"status": "success"}, status=202)
+    r = rig(channels(httpserver, "pager"))
+    early = version(incident)
+    early.root_cause.cls, early.root_cause.rank = "unknown", 0  # before the evidence settled
+    r.notify(early)
+    r.pump()
+    r.notify(incident)
+    r.pump()
+    r.notify(version(incident, remediation="more evidence, same cause"))
+    r.pump()
+    pd = bodies(httpserver, "/v2/enqueue")
+    assert [(b["event_action"], b["payload"]["custom_details"]["root_cause"]["class"],
+             b["payload"]["custom_details"]["root_cause"]["rank"]) for b in pd] == [
+        ("trigger", "unknown", 0), ("trigger", "signal", 2)]
+    assert [a for c, a, *_ in r.rows() if c == "pager"] == ["trigger", "update"]
+
+
+def test_retry_after_in_the_past_still_backs_off(httpserver, rig, incident):
+    httpserver.expect_request("/hook").respond_with_data("slow down", status=429,
+                                                         headers={"Retry-After": "Wed, 21 Oct 2015 07:28:00 GMT"})
+    r = rig(channels(httpserver, "hook"), retry_initial=4.0)
+    r.notify(incident)
+    r.pump(T0)
+    nxt = r.store.con.execute("SELECT next_attempt_ts FROM alerts WHERE channel = 'hook'").fetchone()[0]
+    assert nxt == T0 + dt.timedelta(seconds=4)
+
+
+def test_a_restart_retries_pending_notifications_at_once(httpserver, rig, incident):
+    httpserver.expect_oneshot_request("/hook").respond_with_data("busy", status=429, headers={"Retry-After": "3600"})
+    httpserver.expect_request("/hook").respond_with_data("ok")
+    first = rig(channels(httpserver, "hook"))
+    now = dt.datetime.now(dt.timezone.utc)
+    first.notify(incident, now=now)
+    first.pump(now)
+    assert first.store.con.execute("SELECT next_attempt_ts FROM alerts WHERE channel = 'hook'").fetchone()[0] == (
+        now + dt.timedelta(seconds=3600))
+    first.close()
+    again = rig(channels(httpserver, "hook"))  # the restart does not wait out the hour
+    again.pump(dt.datetime.now(dt.timezone.utc))
+    assert len(bodies(httpserver, "/hook")) == 2
+    assert [x[:3] for x in again.rows() if x[0] == "hook"] == [("hook", "trigger", "sent")]
+
+
+def test_a_silence_file_broken_while_running_keeps_the_last_good_silences(tmp_path):
+    said = []
+    sf = SilenceFile(str(tmp_path / "s.json"), on_error=said.append)
+    sf.add({"job": "job-02*"}, T0 + dt.timedelta(hours=1), now=T0)
+    assert [s.matchers for s in sf.current()] == [{"job": "job-02*"}]
+    (tmp_path / "s.json").write_text('{"silences": [ {"id": "oops", ')
+    for _ in range(3):
+        assert [s.matchers for s in sf.current()] == [{"job": "job-02*"}]
+    assert len(said) == 1 and "not a silence file" in said[0] and "keeping the 1 silence(s)" in said[0]
+    (tmp_path / "s.json").write_text("")  # emptied: no silence, no complaint
+    assert sf.current() == [] and len(said) == 1
+
+
+@pytest.mark.parametrize("value, reason", [
+    ("not a url SECRETVALUE", "is not an http:// or https:// URL with a host"),
+    ("ftp://files.internal/SECRETVALUE", "is not an http:// or https:// URL with a host"),
+    ("https://bob:SECRETVALUE@hooks.internal/x", "has a user:password@ part, which is not supported"),
+])
+def test_an_unusable_url_is_refused_at_start_without_echoing_it(monkeypatch, tmp_path, value, reason):
+    monkeypatch.setenv("TEST_SLACK_URL", value)
+    store = Store(str(tmp_path / "x.duckdb"))
+    try:
+        with pytest.raises(AlertConfigError) as e:
+            alerter_from_config(AlertSettings(channels={"s": {"type": "slack", "url_env": "TEST_SLACK_URL"}}),
+                                store, db_path=str(tmp_path / "x.duckdb"))
+        assert str(e.value) == f"[alerts.channels.s] url_env: TEST_SLACK_URL: the value {reason}"
+    finally:
+        store.close()

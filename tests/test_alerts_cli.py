@@ -146,3 +146,37 @@ def test_sink_service_pages_once_through_kafka(copy_scenario, tmp_path, httpserv
     con = duckdb.connect(cfg.sink.db, read_only=True)
     assert con.execute("SELECT channel, status FROM alerts ORDER BY id").fetchall() == [
         ("oncall", "sent"), ("pager", "sent"), ("console", "sent")]
+
+
+def test_once_exits_3_when_an_alert_was_not_delivered(copy_scenario, tmp_path, httpserver):
+    httpserver.expect_request("/v2/enqueue").respond_with_json({"status": "invalid event"}, status=400)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[alerts.channels.pager]\ntype = "pagerduty"\nrouting_key_env = "E2E_PD"\n'
+                   f'url = "{httpserver.url_for("/v2/enqueue")}"\n')
+    logs = copy_scenario("02-sigkill-mid-save", "attempt-1-train")
+    out = run(["run", "--logs", str(logs), "--db", str(tmp_path / "x.duckdb"), "--once", "--config", str(cfg)],
+              {**os.environ, "E2E_PD": ROUTING_KEY})
+    assert out.returncode == 3, out.stderr
+    assert "alert trigger of incident 8ea36dbeed8d58eb to pager: rejected (HTTP 400" in out.stderr
+    assert "alerts: 1 sent, 1 rejected, 0 expired, 0 pending" in out.stderr  # the console's report was sent
+
+
+def test_sigint_stops_run_even_when_started_in_the_background(copy_scenario, tmp_path):
+    import signal
+    import time
+
+    logs = copy_scenario("01-clean")
+    # a non-interactive shell starts background jobs with SIGINT ignored; the child inherits that
+    p = subprocess.Popen([sys.executable, "-m", "ckptwatch", "run", "--logs", str(logs), "--db",
+                          str(tmp_path / "x.duckdb"), "--interval", "0.2"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        time.sleep(4)
+        assert p.poll() is None
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=30)
+    finally:
+        p.kill()
+    assert p.returncode == 0, err
+    assert "Traceback" not in err and "events; database" in err

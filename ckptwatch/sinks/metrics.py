@@ -177,6 +177,14 @@ class Metrics:
             self.consumer_lag.labels(group, topic).set(n)
 
     # -- alerts ------------------------------------------------------------------------------
+    def declare_channel(self, channel: str) -> None:
+        """Create ``channel``'s failure, retry and pending series at 0, so alert rules see
+        them before the first failure."""
+        for reason in ("rejected", "expired"):
+            self.alerts_failed.labels(channel, reason)
+        self.alert_retries.labels(channel)
+        self.alerts_pending.labels(channel).set(0)
+
     def alert_sent(self, channel: str, action: str) -> None:
         """One notification accepted by ``channel``; ``action`` such as ``trigger``, ``resolve``."""
         self.alerts_sent.labels(channel, action).inc()

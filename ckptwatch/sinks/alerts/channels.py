@@ -13,11 +13,11 @@ from typing import Protocol
 from rich.console import Console
 
 from ckptwatch.sinks.alerts.console import ConsoleChannel
-from ckptwatch.sinks.alerts.http import Outcome
+from ckptwatch.sinks.alerts.http import Outcome, check_url
 from ckptwatch.sinks.alerts.notification_log import Notification
 from ckptwatch.sinks.alerts.pagerduty import PagerDutyChannel
 from ckptwatch.sinks.alerts.redact import Redactor
-from ckptwatch.sinks.alerts.settings import ChannelSpec
+from ckptwatch.sinks.alerts.settings import AlertConfigError, ChannelSpec
 from ckptwatch.sinks.alerts.slack import SlackChannel
 from ckptwatch.sinks.alerts.webhook import WebhookChannel
 
@@ -35,8 +35,16 @@ class Channel(Protocol):
 
 def build(spec: ChannelSpec, *, redactor: Redactor, timeout: float, console: Console | None = None) -> Channel:
     """The channel of ``spec``, its secrets read now. ``timeout``: seconds per request when
-    the spec sets none. Raises AlertConfigError for a secret that cannot be read."""
+    the spec sets none. Raises AlertConfigError for a secret that cannot be read or a URL
+    that cannot be an endpoint (naming the key and variable, never the value)."""
     secret = {k: ref.resolve() for k, ref in spec.secrets.items()}
+    for key in ("url",):
+        value = secret.get(key) or spec.options.get(key)
+        reason = check_url(value) if value else None
+        if reason:
+            ref = spec.secrets.get(key)
+            how = f"{key}_env: {ref.env}" if ref and ref.env else f"{key}_file: {ref.file}" if ref and ref.file else key
+            raise AlertConfigError(f"[alerts.channels.{spec.name}] {how}: the value {reason}")
     t = spec.timeout or timeout
     if spec.type == "slack":
         return SlackChannel(spec.name, secret["url"], redactor=redactor, timeout=t)

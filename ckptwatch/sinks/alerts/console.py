@@ -18,7 +18,7 @@ from ckptwatch.sinks.alerts.http import Outcome
 from ckptwatch.sinks.alerts.notification_log import Notification
 from ckptwatch.sinks.alerts.redact import Redactor
 
-_HEADING = {"escalate": "severity rose", "realert": "still open"}
+_HEADING = {"escalate": "severity rose", "realert": "still open", "update": "root cause revised"}
 
 
 class ConsoleChannel:

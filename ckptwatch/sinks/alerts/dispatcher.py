@@ -78,6 +78,10 @@ class Alerter:
         self._paused: dict[str, dt.datetime] = {}  # channel -> no sends before (Retry-After)
         self._next_scan: dt.datetime | None = None
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ckptwatch-alert")
+        self.log.reset_pending(_utcnow())
+        if self.metrics is not None:
+            for name in self.channels:
+                self.metrics.declare_channel(name)
 
     @property
     def in_flight(self) -> int:
@@ -186,8 +190,8 @@ class Alerter:
             self.say(f"{where}: still failing after {age:.0f} s ({out.error}); gave up")
             self._failed(n, "expired")
             return
-        wait = out.retry_after if out.retry_after is not None else min(
-            self.settings.retry_max, self.settings.retry_initial * 2 ** n.attempts)
+        backoff = min(self.settings.retry_max, self.settings.retry_initial * 2 ** n.attempts)
+        wait = backoff if out.retry_after is None else max(out.retry_after, backoff)  # a past date is no licence
         if out.retry_after is not None:
             self._paused[n.channel] = now + dt.timedelta(seconds=wait)
         self.log.mark_retry(n.id, now + dt.timedelta(seconds=wait), out.error)
@@ -221,6 +225,24 @@ class Alerter:
         return sum(self.log.pending_counts().values())
 
     def close(self) -> None:
-        """Wait for sends in flight (each bounded by its timeout) and record them."""
+        """Wait for sends in flight (each bounded by its timeout) and record them; then
+        :attr:`pending_at_close` says how many notifications stay queued for the next run."""
         self._pool.shutdown(wait=True)
         self._collect(_utcnow())
+        self.pending_at_close = sum(self.log.pending_counts().values())
+
+    def summary(self) -> str:
+        """One line for the operator: what this process sent, gave up on, left queued."""
+        s = self.stats
+        pending = getattr(self, "pending_at_close", None)
+        if pending is None:
+            pending = sum(self.log.pending_counts().values())
+        text = f"alerts: {s.sent} sent, {s.rejected} rejected, {s.expired} expired, {pending} pending"
+        return text + (" (retried on the next run)" if pending else "")
+
+    @property
+    def undelivered(self) -> bool:
+        """Something this process queued or tried was not delivered (rejected, expired, or
+        still pending)."""
+        pending = getattr(self, "pending_at_close", 0)
+        return bool(self.stats.rejected or self.stats.expired or pending)

@@ -17,6 +17,7 @@ import datetime as dt
 import email.utils
 import http.client
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 
@@ -42,6 +43,21 @@ class Outcome:
     retry_after: float | None = None
 
 
+def check_url(url: str) -> str | None:
+    """Why ``url`` cannot be a channel endpoint (None when it can): it must be http(s) with a
+    host and no ``user:password@`` part (urllib would look the password up as a host name).
+    The reason never contains the URL."""
+    try:
+        u = urllib.parse.urlsplit(url.strip())
+    except ValueError:
+        return "is not a URL"
+    if u.scheme not in ("http", "https") or not u.hostname:
+        return "is not an http:// or https:// URL with a host"
+    if "@" in u.netloc:
+        return "has a user:password@ part, which is not supported"
+    return None
+
+
 def retry_after(value: str | None, now: dt.datetime | None = None) -> float | None:
     """Seconds to wait from a ``Retry-After`` value (delta-seconds or HTTP date); None if absent
     or unreadable."""
@@ -63,8 +79,8 @@ def retry_after(value: str | None, now: dt.datetime | None = None) -> float | No
 def post(req: Request, timeout: float) -> Outcome:
     """POST ``req`` with a ``timeout`` in seconds; never raises for network or HTTP errors."""
     headers = {"Content-Type": "application/json", "User-Agent": USER_AGENT, **req.headers}
-    r = urllib.request.Request(req.url, data=req.body, headers=headers, method="POST")
     try:
+        r = urllib.request.Request(req.url, data=req.body, headers=headers, method="POST")
         with urllib.request.urlopen(r, timeout=timeout) as resp:
             resp.read()
             return Outcome("sent")
@@ -78,5 +94,5 @@ def post(req: Request, timeout: float) -> Outcome:
         return Outcome("retry", f"cannot connect: {e.reason}")
     except (TimeoutError, ConnectionError, http.client.HTTPException) as e:
         return Outcome("retry", f"{type(e).__name__}: {e}".rstrip(": "))
-    except ValueError as e:  # a URL urllib cannot use: never going to work
-        return Outcome("rejected", f"bad URL: {str(e).split(':')[0]}")
+    except ValueError:  # a URL urllib cannot use (checked at start: should not happen); never echoed
+        return Outcome("rejected", "the channel's URL cannot be used")

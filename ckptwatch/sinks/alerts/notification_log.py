@@ -5,7 +5,7 @@ and survive restarts) and the alert log that deduplicates (what each channel was
 told about each incident). Table ``alerts``:
 
 * ``id`` (sequence: delivery order), ``channel``, ``incident_id``, ``action``
-  (``trigger`` | ``escalate`` | ``realert`` | ``resolve``), ``severity`` at queueing;
+  (``trigger`` | ``escalate`` | ``update`` | ``realert`` | ``resolve``), ``severity`` at queueing;
 * ``status``: ``pending`` (to deliver at ``next_attempt_ts``), ``sent``, ``rejected`` (a 4xx
   that will never succeed), ``expired`` (still failing ``give_up_after`` seconds after
   ``created_ts``) or ``silenced`` (muted: recorded, not sent);
@@ -20,6 +20,7 @@ inside the caller's transaction when there is one.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 from collections.abc import Iterable
@@ -39,7 +40,7 @@ CREATE TABLE IF NOT EXISTS alerts (
     incident JSON);
 """
 
-ALERTING = ("trigger", "escalate", "realert")
+ALERTING = ("trigger", "escalate", "realert", "update")
 
 
 @dataclass(frozen=True)
@@ -47,12 +48,14 @@ class History:
     """What one channel was told about one incident. ``max_severity``: highest severity
     alerted (rank, see :func:`~ckptwatch.sinks.alerts.routing.severity_rank`; -1: never
     alerted); ``last_alert_ts``: queueing time of the newest alert; ``resolved``: a resolve
-    was queued after it; ``silenced``: muted at least once."""
+    was queued after it; ``silenced``: muted at least once; ``cause``: the root cause
+    (class, rank) the newest alert named."""
 
     max_severity: int = -1
     last_alert_ts: dt.datetime | None = None
     resolved: bool = False
     silenced: bool = False
+    cause: tuple[str | None, int | None] | None = None
 
     @property
     def alerted(self) -> bool:
@@ -84,19 +87,29 @@ class NotificationLog:
         if not ids:
             return {}
         rows = self.con.execute(
-            "SELECT incident_id, action, severity, status, created_ts FROM alerts "
+            "SELECT incident_id, action, severity, status, created_ts, incident->'root_cause' FROM alerts "
             "WHERE channel = ? AND list_contains(?, incident_id) ORDER BY id", [channel, ids]).fetchall()
         out: dict[str, History] = {}
-        for iid, action, severity, status, created in rows:
+        for iid, action, severity, status, created, rc in rows:
             h = out.get(iid, History())
             if status == "silenced":
-                h = History(h.max_severity, h.last_alert_ts, h.resolved, True)
+                h = dataclasses.replace(h, silenced=True)
             elif action in ALERTING:
-                h = History(max(h.max_severity, severity_rank(severity)), created, False, h.silenced)
+                rc = json.loads(rc) if rc else None
+                h = dataclasses.replace(h, max_severity=max(h.max_severity, severity_rank(severity)),
+                                        last_alert_ts=created, resolved=False,
+                                        cause=(rc.get("class"), rc.get("rank")) if rc else (None, None))
             elif action == "resolve":
-                h = History(h.max_severity, h.last_alert_ts, True, h.silenced)
+                h = dataclasses.replace(h, resolved=True)
             out[iid] = h
         return out
+
+    def reset_pending(self, now: dt.datetime) -> int:
+        """Make every pending notification due ``now`` (a restart is a fresh chance, whatever
+        backoff or ``Retry-After`` was stored); returns how many."""
+        row = self.con.execute("UPDATE alerts SET next_attempt_ts = ? WHERE status = 'pending' AND next_attempt_ts > ? "
+                               "RETURNING id", [now, now]).fetchall()
+        return len(row)
 
     def enqueue(self, channel: str, inc: Incident, action: str, now: dt.datetime, *, status: str = "pending") -> int:
         """Queue one notification (or record a silenced one); returns its id."""
@@ -148,8 +161,8 @@ class NotificationLog:
         and not resolved since: candidates for a re-alert."""
         rows = self.con.execute(
             "SELECT channel, arg_max(incident, id) FROM alerts WHERE status <> 'silenced' GROUP BY channel, incident_id "
-            "HAVING max(CASE WHEN action IN ('trigger','escalate','realert') THEN created_ts END) < ? "
-            "AND max(CASE WHEN action IN ('trigger','escalate','realert') THEN id END) "
+            "HAVING max(CASE WHEN action IN ('trigger','escalate','realert','update') THEN created_ts END) < ? "
+            "AND max(CASE WHEN action IN ('trigger','escalate','realert','update') THEN id END) "
             "  > coalesce(max(CASE WHEN action = 'resolve' THEN id END), -1)", [before]).fetchall()
         return [(ch, Incident.from_dict(json.loads(inc))) for ch, inc in rows]
 

@@ -79,8 +79,8 @@ def resolve(inc: Incident, *, routing_key: str) -> dict[str, Any]:
 
 
 class PagerDutyChannel:
-    """Sends ``trigger`` (for trigger, escalate and realert: same dedup key, so PagerDuty
-    updates one alert) and ``resolve`` events to ``url`` with the ``routing_key`` (a secret)
+    """Sends ``trigger`` (for trigger, escalate, update and realert: same dedup key, so
+    PagerDuty adds them to one alert) and ``resolve`` events to ``url`` with the ``routing_key`` (a secret)
     of an Events API v2 integration."""
 
     def __init__(self, name: str, routing_key: str, *, url: str, source: str, redactor: Redactor,

@@ -29,14 +29,20 @@ def alerter_from_config(settings: AlertSettings, store: Store, *, db_path: str, 
     of the config and of the silence file.
 
     Raises AlertConfigError (a channel, secret or silence) or RedactionError (a pattern file)."""
+    say = say or (lambda msg: None)
     specs = list(parse_channels(settings.channels).values())
     if not any(s.type == "console" for s in specs):
         specs.append(channel_types.DEFAULT_CONSOLE)
+    for spec in specs:
+        for key, ref in spec.secrets.items():
+            if ref.value:
+                say(f"[alerts.channels.{spec.name}] {key} is written in the config file: "
+                    f"prefer {key}_env or {key}_file, and keep the file private")
     redactor = Redactor.load(settings.redaction_files)
     built = [(s, channel_types.build(s, redactor=redactor, timeout=settings.timeout, console=console)) for s in specs]
     configured = parse_silences(settings.silences)
-    silence_file = SilenceFile(silences_path(settings, db_path))
-    silence_file.read()  # a broken file is an error at start, later only a warning
+    silence_file = SilenceFile(silences_path(settings, db_path), on_error=say)
+    silence_file.current()  # read now: a file broken later keeps these
     return Alerter(NotificationLog(store.con), built, settings=settings,
                    silences=lambda: configured + silence_file.current(), statuses=store.incident_statuses,
                    metrics=metrics, say=say)

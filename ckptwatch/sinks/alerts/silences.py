@@ -20,7 +20,7 @@ import json
 import os
 import secrets
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,10 +77,12 @@ class Silence:
 
 @dataclass
 class SilenceFile:
-    """The silences of ``ckptwatch silence``, in ``path`` (see the module docstring)."""
+    """The silences of ``ckptwatch silence``, in ``path`` (see the module docstring).
+    ``on_error`` hears, once per change of the file, that it could not be read."""
 
     path: str
-    _mtime: float | None = None
+    on_error: Callable[[str], None] | None = None
+    _mtime: int | None = None
     _cached: list[Silence] = field(default_factory=list)
 
     def read(self) -> list[Silence]:
@@ -88,7 +90,10 @@ class SilenceFile:
         naming the file for one that is not a silence file."""
         try:
             with open(self.path) as f:
-                doc = json.load(f)
+                text = f.read()
+            if not text.strip():
+                return []  # emptied by hand: no silence
+            doc = json.loads(text)
         except FileNotFoundError:
             return []
         except OSError as e:
@@ -101,17 +106,20 @@ class SilenceFile:
 
     def current(self) -> list[Silence]:
         """:meth:`read`, re-done only when the file's modification time changed. A file
-        that became unreadable keeps the last good list (the running pipeline goes on)."""
+        that cannot be read keeps the last good list (the running pipeline goes on: at start,
+        none), and ``on_error`` is told once."""
         try:
             mtime = os.stat(self.path).st_mtime_ns
         except OSError:
             mtime = None
         if mtime != self._mtime:
+            self._mtime = mtime
             try:
                 self._cached = self.read()
-            except AlertConfigError:
-                return self._cached
-            self._mtime = mtime
+            except AlertConfigError as e:
+                if self.on_error:
+                    kept = f"keeping the {len(self._cached)} silence(s) read before" if self._cached else "no silence applies"
+                    self.on_error(f"{e}; {kept} until it is fixed")
         return self._cached
 
     @contextlib.contextmanager

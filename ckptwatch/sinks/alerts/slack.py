@@ -33,7 +33,7 @@ def _section(text: str) -> dict[str, Any]:
     return {"type": "section", "text": {"type": "mrkdwn", "text": _fit(text, SECTION_MAX)}}
 
 
-_PREFIX = {"escalate": "ESCALATED ", "realert": "STILL OPEN "}
+_PREFIX = {"escalate": "ESCALATED ", "realert": "STILL OPEN ", "update": "UPDATED "}
 
 
 def message(inc: Incident, *, redactor: Redactor, action: str = "trigger") -> dict[str, Any]:

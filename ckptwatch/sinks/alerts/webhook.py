@@ -2,7 +2,7 @@
 
 Body (``Content-Type: application/json``)::
 
-    {"version": 1, "notification_id": 17, "action": "trigger|escalate|realert|resolve",
+    {"version": 1, "notification_id": 17, "action": "trigger|escalate|update|realert|resolve",
      "channel": "NAME", "incident": {...}}
 
 ``incident`` is the ``diagnose --json`` shape with every log line and the remediation
