@@ -180,14 +180,16 @@ def run_cmd(
         return
     from ckptwatch.embedded import EmbeddedRunner
 
+    _sigterm_as_interrupt()
     try:
         runner = EmbeddedRunner(logs, db, options, metrics=metrics, alerter=alerter)
+    except KeyboardInterrupt:
+        return
     except (RuleError, AlertConfigError, RedactionError) as e:
         raise _fail(str(e)) from None
     except duckdb.Error as e:
         raise _fail(f"--db {db}: {str(e).splitlines()[0]}") from None
     try:
-        _sigterm_as_interrupt()
         runner.run(once=once, interval=interval, until_idle=until_idle)
     except KeyboardInterrupt:
         pass

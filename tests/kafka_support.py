@@ -160,3 +160,13 @@ def stored_lines(db_path: str | Path) -> list[tuple[str, int]]:
 
 def expected_lines(n: int) -> list[tuple[str, int]]:
     return sorted(("save_end" if i % 2 else "save_start", i // 2) for i in range(n))
+
+
+def assert_no_version_twice(bootstrap: str, topic: str) -> None:
+    """Each message of the incidents topic is a new version of its incident: a replay or a
+    rebalance never re-publishes one (a load failure may gain a version once the save
+    incident of its checkpoint, found by another member, is learned)."""
+    from ckptwatch.kafka.codec import decode_incident
+
+    seen = collections.Counter((m.key, decode_incident(m.value).fingerprint()) for m in topic_messages(bootstrap, topic))
+    assert [k for k, n in seen.items() if n > 1] == []

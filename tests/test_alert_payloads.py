@@ -16,7 +16,7 @@ from ckptwatch.sinks.alerts.redact import Redactor
 def sigkill_incident():
     from conftest import CORPUS
 
-    incidents, _ = diagnose([str(CORPUS / "02-sigkill-mid-save" / "logs")])
+    incidents, _ = diagnose([str(CORPUS / "02-sigkill-mid-save" / "logs" / "attempt-1-train")])
     (inc,) = incidents
     return inc
 

@@ -37,7 +37,7 @@ HOOK_SECRET = "s3cret-for-hmac"
 def incident():
     from conftest import CORPUS
 
-    (inc,) = diagnose([str(CORPUS / "02-sigkill-mid-save" / "logs")])[0]
+    (inc,) = diagnose([str(CORPUS / "02-sigkill-mid-save" / "logs" / "attempt-1-train")])[0]
     return inc
 
 

@@ -172,8 +172,11 @@ def test_sigint_stops_run_even_when_started_in_the_background(copy_scenario, tmp
                          stderr=subprocess.PIPE, text=True,
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
-        time.sleep(4)
-        assert p.poll() is None
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "x.duckdb").exists():  # the handlers are in place before the database opens
+            assert time.monotonic() < deadline and p.poll() is None
+            time.sleep(0.1)
+        time.sleep(1)
         p.send_signal(signal.SIGINT)
         out, err = p.communicate(timeout=30)
     finally:

@@ -60,7 +60,7 @@ def free_port() -> int:
 
 
 def test_embedded_run_served_metrics_match_stats_and_database(copy_scenario, tmp_path):
-    logs, db = copy_scenario(SIGKILL), str(tmp_path / "x.duckdb")
+    logs, db = copy_scenario(SIGKILL, "attempt-1-train"), str(tmp_path / "x.duckdb")
     metrics = Metrics()
     runner = EmbeddedRunner(str(logs), db, metrics=metrics)
     with MetricsServer(metrics, 0, "127.0.0.1") as server:
@@ -74,7 +74,7 @@ def test_embedded_run_served_metrics_match_stats_and_database(copy_scenario, tmp
 
     lines = by(m["ckptwatch_lines_ingested_total"], "source_kind")
     assert lines == {k: float(stats.lines_by_kind.get(k, 0)) for k in SOURCE_KINDS}
-    assert sum(lines.values()) == stats.lines == 1807
+    assert sum(lines.values()) == stats.lines == 456
     assert lines["console"] > 0 and lines["worker"] > 0
 
     con = duckdb.connect(db, read_only=True)
@@ -94,7 +94,7 @@ def test_embedded_run_served_metrics_match_stats_and_database(copy_scenario, tmp
 
 
 def test_tailing_cycles_count_each_line_and_incident_once_and_lag_follows_the_watermark(copy_scenario, tmp_path):
-    logs, db = copy_scenario(SIGKILL), str(tmp_path / "x.duckdb")
+    logs, db = copy_scenario(SIGKILL, "attempt-1-train"), str(tmp_path / "x.duckdb")
     metrics = Metrics()
     runner = EmbeddedRunner(str(logs), db, metrics=metrics)
     with MetricsServer(metrics) as server:
@@ -110,7 +110,7 @@ def test_tailing_cycles_count_each_line_and_incident_once_and_lag_follows_the_wa
         finally:
             runner.close()
         m = scrape(server.url)
-    assert sum(m["ckptwatch_lines_ingested_total"].values()) == runner.stats.lines == 1807
+    assert sum(m["ckptwatch_lines_ingested_total"].values()) == runner.stats.lines == 456
     assert sum(m["ckptwatch_events_total"].values()) == runner.stats.events
     assert [i.kind for i in incidents] == ["interrupted_save"]
     assert m["ckptwatch_incidents_total"] == {(("kind", "interrupted_save"), ("severity", "critical")): 1.0}
@@ -119,7 +119,7 @@ def test_tailing_cycles_count_each_line_and_incident_once_and_lag_follows_the_wa
 
 def test_restart_reads_no_line_again_and_counts_known_incidents_again(copy_scenario, tmp_path):
     """Documented: the restarted detector emits every stored incident again, and they count."""
-    logs, db = copy_scenario(SIGKILL), str(tmp_path / "x.duckdb")
+    logs, db = copy_scenario(SIGKILL, "attempt-1-train"), str(tmp_path / "x.duckdb")
     first = EmbeddedRunner(str(logs), db)
     first.run(once=True)
     first.close()
@@ -204,7 +204,7 @@ def test_two_registries_do_not_share_values():
 
 
 def test_cli_run_serves_metrics_while_it_runs(copy_scenario, tmp_path):
-    logs, port = copy_scenario(SIGKILL), free_port()
+    logs, port = copy_scenario(SIGKILL, "attempt-1-train"), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("CKPTWATCH_")}
     p = subprocess.Popen([sys.executable, "-m", "ckptwatch", "run", "--logs", str(logs), "--db", str(tmp_path / "x.duckdb"),
                           "--metrics-port", str(port), "--metrics-address", "127.0.0.1", "--until-idle", "60",
@@ -221,7 +221,7 @@ def test_cli_run_serves_metrics_while_it_runs(copy_scenario, tmp_path):
                 break
             assert p.poll() is None, p.communicate()[1]
             time.sleep(0.2)
-        assert by(m["ckptwatch_lines_ingested_total"], "source_kind") == {"console": 1025.0, "worker": 782.0,
+        assert by(m["ckptwatch_lines_ingested_total"], "source_kind") == {"console": 278.0, "worker": 178.0,
                                                                            "kernel": 0.0, "log": 0.0}
         assert m["ckptwatch_incidents_total"] == {(("kind", "interrupted_save"), ("severity", "critical")): 1.0}
         assert math.isfinite(m["ckptwatch_detector_lag_seconds"][()])
@@ -290,7 +290,7 @@ def test_fleet_services_report_consumer_lag_incidents_and_ingest(copy_scenario, 
     from ckptwatch.services.sink import SinkMember
     from ckptwatch.sinks.duckdb_store import Store
 
-    logs = copy_scenario(SIGKILL)
+    logs = copy_scenario(SIGKILL, "attempt-1-train")
     cfg = fresh_config(kafka_bootstrap, tmp_path)  # one partition
     cfg = dataclasses.replace(cfg, collect=dataclasses.replace(cfg.collect, paths=[str(logs)]),
                               kafka=dataclasses.replace(cfg.kafka, client={"max_poll_records": 1}))
@@ -300,7 +300,7 @@ def test_fleet_services_report_consumer_lag_incidents_and_ingest(copy_scenario, 
                                metrics=collected).published
     m = parse(collected.exposition())
     assert sum(m["ckptwatch_events_total"].values()) == published > 0
-    assert sum(m["ckptwatch_lines_ingested_total"].values()) == 1807
+    assert sum(m["ckptwatch_lines_ingested_total"].values()) == 456
 
     metrics, store = Metrics(), Store(str(tmp_path / "lag.duckdb"))
     sink = SinkMember(cfg, store, metrics=metrics)

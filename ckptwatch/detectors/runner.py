@@ -15,10 +15,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptwatch.detectors import save_incidents
+from ckptwatch.detectors import resume_incidents, save_incidents
+from ckptwatch.detectors.checkpoints import CheckpointRegistry, SaveFact
 from ckptwatch.detectors.events import Ev, is_host_event
 from ckptwatch.detectors.incident import Incident
 from ckptwatch.detectors.jobstate import JobState
+from ckptwatch.detectors.saves import saves_of
 
 UNKNOWN_JOB = "unknown"
 
@@ -51,7 +53,11 @@ class Detector:
         self.stats = DetectorStats()
         self._emitted: dict[str, tuple[str, Incident]] = {}  # id -> (fingerprint, incident)
         self._by_save: dict[tuple[str | None, int | None], str] = {}  # (job, step) -> incident id
+        self._by_load: dict[tuple[str | None, int | None, str | None], str] = {}  # (job, step, path) -> id
         self._dirty: set[str] = set()
+        self.registry = CheckpointRegistry()  # checkpoints across jobs: saves seen, marked bad
+        self._loading: set[str] = set()  # jobs that logged a load, a resume or a load error
+        self._loads_dirty: set[str] = set()
 
     def process(self, rows: Iterable[dict[str, Any]], *, now: dt.datetime | None = None) -> None:
         """Take events (dicts with EVENT_SCHEMA keys, e.g. ``df.iter_rows(named=True)``)."""
@@ -73,6 +79,9 @@ class Detector:
             if not state.add(ev):
                 self.stats.duplicates += 1
             self._dirty.add(job)
+            if ev.kind in resume_incidents.LOAD_KINDS or ev.kind == "load_error":
+                self._loading.add(job)
+                self._loads_dirty.add(job)
         self.last_arrival = now or dt.datetime.now(dt.timezone.utc)
 
     def watermark(self, now: dt.datetime | None = None) -> dt.datetime | None:
@@ -100,10 +109,17 @@ class Detector:
             return []
         wall = now or dt.datetime.now(dt.timezone.utc)
         changed: list[Incident] = []
+        registry_changed = False
         for job in sorted(self._dirty if not final else set(self.jobs)):
             state = self.jobs[job]
+            saves = saves_of(state, state.events_sorted())
+            for s in saves.values():
+                registry_changed |= self.registry.record_save(
+                    SaveFact(job, s.step, s.path, s.complete, s.first_ts, state.world_size))
             found = save_incidents.evaluate(state, self._host_events_for(state), wm, final=final,
-                                            windows=self.config.windows)
+                                            windows=self.config.windows, saves=saves)
+            for inc in found:
+                registry_changed |= self.registry.record_incident(inc)
             still_open = False
             for inc in found:
                 changed += self._emit(inc, wall)
@@ -112,7 +128,23 @@ class Detector:
             if not final and (still_open or self._has_open_save(state, found)):
                 continue  # keep evaluating as the watermark moves
             self._dirty.discard(job)
+        for inc in changed:
+            if inc.status == "superseded":
+                self.registry.record_incident(inc)
+        # resumes after saves: a load is judged by what is known of its checkpoint, whichever job wrote it
+        for job in sorted(self._loading if (registry_changed or final) else self._loads_dirty):
+            for inc in resume_incidents.evaluate(self.jobs[job], self.registry):
+                changed += self._emit(inc, wall)
+        self._loads_dirty.clear()
         return changed
+
+    def learn(self, incidents: Iterable[Incident]) -> None:
+        """Take save incidents found elsewhere (another detector of the group, read back from
+        the incidents topic): their checkpoints count as not-good here too, so a resume in
+        a job this detector owns is judged by them."""
+        for inc in incidents:
+            if self.registry.record_incident(inc):
+                self._loads_dirty.update(self._loading)
 
     def _finished_stalls(self, job: str, found: set[str]) -> list[Incident]:
         """Open ``stalled_save`` incidents of ``job`` that evaluation no longer reports: their
@@ -134,14 +166,21 @@ class Detector:
 
     def _emit(self, inc: Incident, wall: dt.datetime) -> list[Incident]:
         out: list[Incident] = []
-        key = (inc.job, inc.step)
-        prev_id = self._by_save.get(key)
+        # one incident per save, and one per load: a re-classified one supersedes the old id
+        if inc.kind in resume_incidents.LOAD_INCIDENT_KINDS:
+            by: dict = self._by_load
+            key: tuple = (inc.job, inc.step, inc.checkpoint_path)
+        elif inc.kind == "poisoned_resume":
+            by, key = {}, ()
+        else:
+            by, key = self._by_save, (inc.job, inc.step)
+        prev_id = by.get(key)
         if prev_id and prev_id != inc.id and prev_id in self._emitted:
             _, old = self._emitted[prev_id]
             if old.status != "superseded":
                 old.status = "superseded"
                 out.append(old)
-        self._by_save[key] = inc.id
+        by[key] = inc.id
         fp = inc.fingerprint()
         prev = self._emitted.get(inc.id)
         if prev is not None and prev[0] == fp:

@@ -83,11 +83,13 @@ def evaluate(
     *,
     final: bool,
     windows: SaveWindows = SaveWindows(),
+    saves: dict[int, SaveState] | None = None,
 ) -> list[Incident]:
     """Incidents of the job's saves as of ``watermark`` (UTC). ``host_events`` are kernel /
-    storage events of the job's hosts (already joined by host or pid)."""
+    storage events of the job's hosts (already joined by host or pid); ``saves``: the
+    job's :func:`saves_of`, when the caller has it already."""
     events = state.events_sorted()
-    saves = saves_of(state, events)
+    saves = saves if saves is not None else saves_of(state, events)
     job_failures = [e for e in events if e.kind in FAILURE_KINDS]
     out: list[Incident] = []
     complete_steps = sorted(step for step, s in saves.items() if s.complete)

@@ -127,3 +127,27 @@ def read_to_end(settings: KafkaSettings, topic: str, *, client_id: str, timeout:
         return out
     finally:
         consumer.close(autocommit=False)
+
+
+class TopicReader:
+    """Follows every partition of ``topic`` from its beginning, outside any group (nothing
+    committed): for state every member needs whole, such as the incidents all detectors
+    learn bad checkpoints from. ``poll`` returns what arrived since the last call."""
+
+    def __init__(self, settings: KafkaSettings, topic: str, *, client_id: str) -> None:
+        self._consumer = KafkaConsumer(**configuration.consumer(settings, client_id, None))
+        parts = self._consumer.partitions_for_topic(topic) or set()
+        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        self._consumer.assign(tps)
+        if tps:
+            self._consumer.seek_to_beginning(*tps)
+
+    def poll(self, timeout: float = 0.0) -> list[ConsumerRecord]:
+        """Records that arrived (``timeout`` in seconds)."""
+        out: list[ConsumerRecord] = []
+        for recs in self._consumer.poll(timeout_ms=int(timeout * 1000)).values():
+            out += recs
+        return out
+
+    def close(self) -> None:
+        self._consumer.close(autocommit=False)

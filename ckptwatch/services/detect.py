@@ -30,9 +30,10 @@ from kafka.consumer.fetcher import ConsumerRecord
 from ckptwatch import failpoints
 from ckptwatch.config import Config
 from ckptwatch.detectors import Detector, DetectorConfig, Incident
+from ckptwatch.detectors.checkpoints import BAD_KINDS
 from ckptwatch.kafka.admin import ensure_topics
 from ckptwatch.kafka.codec import DecodeError, decode_events_skipping, decode_incident, encode_incident
-from ckptwatch.kafka.consumer import GroupMember, read_to_end
+from ckptwatch.kafka.consumer import GroupMember, TopicReader, read_to_end
 from ckptwatch.kafka.producer import Message, Publisher
 from ckptwatch.sinks.metrics import Metrics
 
@@ -74,6 +75,9 @@ class DetectorMember:
         self.publisher = Publisher(config.kafka, client_id="ckptwatch-detect", on_wait=self.on_message)
         self.member = GroupMember(config.kafka, config.detect.group, [config.kafka.events_topic],
                                   client_id="ckptwatch-detect", on_assigned=self._assigned, on_revoked=self._revoked)
+        # save incidents of every member: a resume in a job of ours may load another job's checkpoint
+        self.known_bad: dict[str, Incident] = {}
+        self.facts = TopicReader(config.kafka, config.kafka.incidents_topic, client_id="ckptwatch-detect-facts")
 
     # -- rebalance callbacks (run inside poll) ---------------------------------------------
     def _assigned(self, partitions: set[TopicPartition]) -> None:
@@ -83,6 +87,7 @@ class DetectorMember:
         self.stats.rebalances += 1
         for tp in partitions:
             self.detectors[tp] = Detector(self.detector_config)
+            self.detectors[tp].learn(self.known_bad.values())
             self.position[tp] = 0
             self._pending.add(tp)
         if partitions:
@@ -99,12 +104,13 @@ class DetectorMember:
 
     # -- one unit of work ------------------------------------------------------------------
     def _load_published(self) -> None:
-        for rec in read_to_end(self.config.kafka, self.config.kafka.incidents_topic, client_id="ckptwatch-detect"):
-            try:
-                inc = decode_incident(rec.value)
-            except DecodeError:
-                continue  # not ours to judge here; the sink reports bad incident messages
+        """What is on the incidents topic: the published versions (not to publish again) and
+        the save incidents to judge resumes by, learned before a new partition is evaluated."""
+        known = [inc for inc in map(self._decode, read_to_end(self.config.kafka, self.config.kafka.incidents_topic,
+                                                              client_id="ckptwatch-detect")) if inc is not None]
+        for inc in known:
             self.published[inc.id] = inc.fingerprint()
+        self._learn(known)
         self._refresh_published = False
 
     def _feed(self, tp: TopicPartition, records: list[ConsumerRecord], now: dt.datetime) -> None:
@@ -146,10 +152,15 @@ class DetectorMember:
                 self._feed(tp, recs, now)
         if self._refresh_published:
             self._load_published()
+        self._learn([inc for inc in map(self._decode, self.facts.poll()) if inc is not None])
         changed: list[Incident] = []
-        for tp, det in sorted(self.detectors.items(), key=lambda kv: kv[0].partition):
-            if not self.replaying(tp) and not self.behind(tp):
-                changed += det.advance(now=now)
+        for _ in range(3):  # a save incident found in one partition may settle a resume in another
+            found = [inc for tp, det in sorted(self.detectors.items(), key=lambda kv: kv[0].partition)
+                     if not self.replaying(tp) and not self.behind(tp) for inc in det.advance(now=now)]
+            changed += found
+            if not self._learn(found):
+                break
+        changed = list({inc.id: inc for inc in changed}.values())  # the latest version of each
         msgs = []
         for inc in changed:
             fp = inc.fingerprint()
@@ -170,6 +181,27 @@ class DetectorMember:
         self.metrics.set_consumer_lag(self.config.detect.group, self.member.lag())
         return len(records) if self.joined else 1
 
+    @staticmethod
+    def _decode(rec: ConsumerRecord) -> Incident | None:
+        try:
+            return decode_incident(rec.value)
+        except DecodeError:
+            return None  # the sink reports bad incident messages
+
+    def _learn(self, incidents: list[Incident]) -> bool:
+        """Share save incidents with every detector of this member (its own, at once; other
+        members' through the incidents topic). True if one was new or changed."""
+        saves = [i for i in incidents if i.kind in BAD_KINDS
+                 and (i.id not in self.known_bad or self.known_bad[i.id].fingerprint() != i.fingerprint())]
+        if not saves:
+            return False
+        for inc in saves:
+            self.known_bad[inc.id] = inc
+        for det in self.detectors.values():
+            det.learn(saves)
+        return True
+
     def close(self) -> None:
         self.member.close()
+        self.facts.close()
         self.publisher.close()

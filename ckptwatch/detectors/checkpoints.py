@@ -1,0 +1,111 @@
+"""What the detector knows of each checkpoint, across jobs: which saves finished on every
+rank, which an incident marked not-good, and with what world size they were written.
+
+Resumes are usually new jobs (a new torchrun run id) pointed at an old job's checkpoint
+directory, so a checkpoint is identified by its directory and step, not by its job.
+:func:`checkpoint_key` reduces the forms trainers print to one ``(root, step)``:
+
+* Megatron-LM logs the root (``saving checkpoint at iteration 40 to /ckpt``) and writes
+  ``/ckpt/iter_0000040``; HF Trainer logs ``/out/checkpoint-40``; plain loops ``/ckpt/step_40``.
+  A last path component that carries the step's number is dropped: all give ``(/ckpt, 40)``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import re
+from dataclasses import dataclass, field
+
+from ckptwatch.detectors.incident import Incident
+
+#: A checkpoint's identity: (directory holding the per-step checkpoints, step). Either may be None.
+CheckpointKey = tuple[str | None, int | None]
+
+#: Save incidents that make their checkpoint not-good.
+BAD_KINDS = frozenset({"interrupted_save", "storage_failure_during_save", "partial_checkpoint", "stalled_save",
+                       "corrupt_checkpoint"})
+
+_DIGITS = re.compile(r"\d+")
+
+
+def checkpoint_key(path: str | None, step: int | None) -> CheckpointKey:
+    """``(root, step)`` of a checkpoint named by ``path`` and/or ``step`` (see the module
+    docstring). When only the path is known, a number in its last component is the step."""
+    if not path:
+        return (None, step)
+    p = os.path.normpath(path.rstrip("/"))
+    base = os.path.basename(p)
+    numbers = [int(n) for n in _DIGITS.findall(base)]
+    if step is None and len(numbers) == 1:
+        step = numbers[0]
+    if step is not None and step in numbers:
+        return (os.path.dirname(p), step)
+    return (p, step)
+
+
+@dataclass
+class SaveFact:
+    """One save seen in the logs: its job, path, whether every expected rank finished it
+    (``complete``), its first start (UTC) and the saving job's world size."""
+
+    job: str
+    step: int
+    path: str | None
+    complete: bool
+    first_ts: dt.datetime | None
+    world_size: int | None
+
+
+@dataclass
+class CheckpointRegistry:
+    """Facts per :data:`CheckpointKey`. ``saves``: the latest save of each key; ``bad``: the
+    save incident (not superseded, not resolved away) that marked a key not-good."""
+
+    saves: dict[CheckpointKey, SaveFact] = field(default_factory=dict)
+    bad: dict[CheckpointKey, Incident] = field(default_factory=dict)
+
+    def record_save(self, fact: SaveFact) -> bool:
+        """Remember a save (a later one of the same key replaces it); True if that changed
+        anything."""
+        key = checkpoint_key(fact.path, fact.step)
+        old = self.saves.get(key)
+        if old is not None and old.first_ts and fact.first_ts and old.first_ts > fact.first_ts:
+            return False
+        self.saves[key] = fact
+        return old != fact
+
+    def record_incident(self, inc: Incident) -> bool:
+        """Remember a save incident as marking its checkpoint not-good (or forget it, when
+        superseded); True if that changed anything."""
+        if inc.kind not in BAD_KINDS:
+            return False
+        key = checkpoint_key(inc.checkpoint_path, inc.step)
+        old = self.bad.get(key)
+        if inc.status == "superseded":
+            if old is not None and old.id == inc.id:
+                del self.bad[key]
+                return True
+            return False
+        self.bad[key] = inc
+        return old is None or old.id != inc.id or old.fingerprint() != inc.fingerprint()
+
+    def verdict(self, key: CheckpointKey, at: dt.datetime) -> tuple[Incident | None, SaveFact | None]:
+        """(the incident that marked ``key`` not-good, the save seen for it), either None, as
+        of ``at`` (UTC, the load's time). A checkpoint written again completely, after it was
+        marked bad and before ``at``, is good again."""
+        save = self.saves.get(key)
+        bad = self.bad.get(key)
+        if bad is not None and save is not None and save.complete and save.job != bad.job and save.first_ts:
+            if bad.first_ts < save.first_ts < at:
+                return None, save
+        return bad, save
+
+    def last_good(self, root: str | None, before: int | None) -> dict | None:
+        """The newest complete save under ``root`` with a step below ``before``."""
+        best: SaveFact | None = None
+        for (r, step), fact in self.saves.items():
+            if r == root and step is not None and fact.complete and (before is None or step < before):
+                if best is None or step > best.step:
+                    best = fact
+        return {"step": best.step, "path": best.path} if best else None

@@ -1,0 +1,218 @@
+"""Resume incidents: what happens when a job loads a checkpoint.
+
+* ``poisoned_resume`` (critical): a job loads a checkpoint that a save incident marked
+  not-good (see :class:`~.checkpoints.CheckpointRegistry`), named by a resume line of any
+  trainer (``load_start`` / ``resume`` events). It is reported at once, without waiting for
+  the watermark: the resume line is the whole evidence needed. It names the bad
+  checkpoint, the incident that made it bad and the last good checkpoint instead.
+* ``world_size_mismatch`` (error): the load failed and the world size is the reason: a
+  fingerprint says so (DeepSpeed's "DP world size of 8 but the current world size is 4",
+  a DTensor copied between different ``DeviceMesh`` sizes), or the job's world size
+  differs from that of the save it loads.
+* ``load_failure`` (error): any other load-error fingerprint (torch zip, unpickling, EOF,
+  safetensors header, missing ``.metadata`` or shard, size mismatches), one incident per
+  job and checkpoint, linked to the save incident of the same checkpoint when there is
+  one ("this load failed because the save at step N was interrupted by ...").
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+
+from ckptwatch.detectors.checkpoints import CheckpointKey, CheckpointRegistry, checkpoint_key
+from ckptwatch.detectors.events import Ev
+from ckptwatch.detectors.incident import EvidenceItem, Incident
+from ckptwatch.detectors.jobstate import JobState
+
+LOAD_KINDS = ("load_start", "resume", "load_end")
+#: Kinds of a failed load: one incident per job and checkpoint, re-classified in place.
+LOAD_INCIDENT_KINDS = ("load_failure", "world_size_mismatch")
+_WS_CLASSES = ("world_size_mismatch", "device_mesh_mismatch")
+_MESH = re.compile(r"DeviceMesh\(\(([\d, ]+)\)")
+_CKPT_FILES = re.compile(r"(^\.metadata$|^__\d+(_\d+)?\.(distcp|metadata)$|\.(pt|pth|bin|safetensors|json|pkl)$)")
+
+
+@dataclass
+class Load:
+    """A job's load of one checkpoint: its key, what it printed, when it began (UTC)."""
+
+    key: CheckpointKey
+    path: str | None
+    step: int | None
+    events: list[Ev] = field(default_factory=list)
+
+    @property
+    def first_ts(self):
+        return self.events[0].ts
+
+
+def _error_key(path: str | None) -> CheckpointKey:
+    """The checkpoint a load error's path points into (a file or a shard folder inside it)."""
+    if not path:
+        return (None, None)
+    p = os.path.normpath(path)
+    while _CKPT_FILES.search(os.path.basename(p)) or re.fullmatch(r"\w+_\d+", os.path.basename(p)) and \
+            not re.search(r"(checkpoint|iter|step|global_step)", os.path.basename(p)):
+        p = os.path.dirname(p)
+    return checkpoint_key(p, None)
+
+
+def loads_of(events: list[Ev]) -> list[Load]:
+    """The job's loads, one per checkpoint key, in time order. A line with only a step
+    joins the load of that step that names a path."""
+    loads: dict[CheckpointKey, Load] = {}
+    for ev in events:
+        if ev.kind not in LOAD_KINDS or (ev.path is None and ev.step is None):
+            continue
+        key = checkpoint_key(ev.path, ev.step)
+        if key[0] is None:
+            key = next((k for k in loads if k[1] == key[1]), key)
+        ld = loads.setdefault(key, Load(key, ev.path, ev.step))
+        if ld.path is None or (ev.path and key[0] and len(ev.path) > len(ld.path)):
+            ld.path = ev.path or ld.path
+        ld.events.append(ev)
+    # a step-only load met before the line naming the path: merge it
+    for key in [k for k in loads if k[0] is None]:
+        other = next((k for k in loads if k[0] is not None and k[1] == key[1]), None)
+        if other is not None:
+            loads[other].events = sorted(loads[other].events + loads.pop(key).events,
+                                         key=lambda e: (e.ts, e.source_id, e.offset))
+    return sorted(loads.values(), key=lambda ld: ld.first_ts)
+
+
+def _evidence(items: list[tuple[Ev, str]], state: JobState) -> list[EvidenceItem]:
+    seen, out = set(), []
+    for ev, role in sorted(items, key=lambda x: (x[0].ts, x[0].source_id, x[0].offset)):
+        if ev.ref in seen:
+            continue
+        seen.add(ev.ref)
+        rank = state.rank_of(ev)
+        out.append(EvidenceItem(source_id=ev.source_id, offset=ev.offset, ts=ev.ts, kind=ev.kind, rank=rank,
+                                host=ev.host or state.host_of(rank), rule_id=ev.rule_id, line=ev.first_line(),
+                                role=role))
+    return out
+
+
+_BAD_WORDS = {"interrupted_save": "interrupted by", "storage_failure_during_save": "broken by a storage failure:",
+              "partial_checkpoint": "left partial", "stalled_save": "stalled", "corrupt_checkpoint": "found corrupt"}
+
+
+def _bad_summary(bad: Incident) -> str:
+    rc = bad.root_cause
+    words = _BAD_WORDS.get(bad.kind, bad.kind)
+    why = (f" {rc.cls}" + (f" on rank {rc.rank}" if rc.rank is not None else "")) if rc and words.endswith((":", "by")) \
+        else ""
+    return f"the save at step {bad.step} (job {bad.job}) was {words}{why} (incident {bad.id})"
+
+
+def _resume_from(last_good: dict | None) -> str:
+    if not last_good:
+        return "No complete earlier checkpoint was seen: restart from scratch or from a verified external checkpoint."
+    return f"Resume from the last good checkpoint instead: step {last_good['step']} ({last_good.get('path')})."
+
+
+def _world_sizes(errors: list[Ev], state: JobState, save_ws: int | None) -> tuple[int | None, int | None] | None:
+    """(saved, current) world sizes when they are known to differ, else None."""
+    for e in errors:
+        a = e.attrs
+        if a.get("class") == "world_size_mismatch" and a.get("saved_world_size") and a.get("current_world_size"):
+            return int(a["saved_world_size"]), int(a["current_world_size"])
+        if a.get("class") == "device_mesh_mismatch":
+            meshes = [_mesh_size(m) for m in _MESH.findall(e.line)]
+            if len(meshes) >= 2 and meshes[0] != meshes[1]:
+                return meshes[1], meshes[0]  # copy_(model param, checkpoint tensor)
+            return (save_ws, state.world_size)
+    if save_ws and state.world_size and save_ws != state.world_size:
+        return save_ws, state.world_size
+    return None
+
+
+def _mesh_size(dims: str) -> int:
+    n = 1
+    for d in filter(None, (x.strip() for x in dims.split(","))):
+        n *= int(d)
+    return n
+
+
+def evaluate(state: JobState, registry: CheckpointRegistry) -> list[Incident]:
+    """The job's resume incidents as of the events it has (no watermark needed)."""
+    events = state.events_sorted()
+    loads = loads_of(events)
+    out: list[Incident] = []
+    for ld in loads:
+        bad, _ = registry.verdict(ld.key, ld.first_ts)
+        if bad is None:
+            continue
+        last_good = bad.last_good_checkpoint  # as the save incident said: the same in every mode
+        context = [(e, "resume") for e in ld.events]
+        out.append(Incident(
+            kind="poisoned_resume", job=state.job, step=ld.key[1], checkpoint_path=bad.checkpoint_path or ld.path,
+            root_cause=None, collateral=[],
+            checkpoint_state={"marked_bad_by": bad.id, "bad_kind": bad.kind, "bad_job": bad.job,
+                              "loaded_path": ld.path},
+            last_good_checkpoint=last_good,
+            remediation=(f"Stop this job: it loads step {ld.key[1]} ({bad.checkpoint_path or ld.path}), which is not a "
+                         f"good checkpoint: {_bad_summary(bad)}. {_resume_from(last_good)} Verify a checkpoint with "
+                         "`ckptwatch verify` before resuming from it."),
+            first_ts=ld.first_ts, evidence=_evidence(context, state),
+        ))
+    errors = [e for e in events if e.kind == "load_error"]
+    for key, errs in _group_errors(errors, loads).items():
+        out.append(_load_incident(state, registry, key, errs, loads))
+    return out
+
+
+def _group_errors(errors: list[Ev], loads: list[Load]) -> dict[CheckpointKey, list[Ev]]:
+    """Load errors per checkpoint: the job's load just before each error (or its first load,
+    for an error stamped a little earlier: console lines are not in time order), else the
+    error's own path; a path-less error goes with the previous one of its file."""
+    groups: dict[CheckpointKey, list[Ev]] = {}
+    last_by_source: dict[str, CheckpointKey] = {}
+    for e in errors:
+        before = [ld for ld in loads if ld.first_ts <= e.ts] or loads[:1]
+        if before:
+            key = before[-1].key
+        elif e.path:
+            key = _error_key(e.path)
+        else:
+            key = last_by_source.get(e.source_id, (None, None))
+        last_by_source[e.source_id] = key
+        groups.setdefault(key, []).append(e)
+    return groups
+
+
+def _load_incident(state: JobState, registry: CheckpointRegistry, key: CheckpointKey, errs: list[Ev],
+                   loads: list[Load]) -> Incident:
+    load = next((ld for ld in loads if ld.key == key), None)
+    bad, save = registry.verdict(key, errs[0].ts)
+    path = (load.path if load else None) or (bad.checkpoint_path if bad else None) or (save.path if save else None) \
+        or next((e.path for e in errs if e.path), None)
+    classes = sorted({str(e.attrs.get("class") or e.rule_id) for e in errs})
+    ranks = sorted({r for r in (state.rank_of(e) for e in errs) if r is not None})
+    ws = _world_sizes(errs, state, save.world_size if save else None)
+    items = [(e, "root_cause") for e in errs] + [(e, "resume") for e in (load.events if load else [])]
+    cs: dict = {"errors": classes, "ranks": ranks}
+    if bad is not None:
+        cs.update(save_incident=bad.id, save_kind=bad.kind)
+    if ws is not None:
+        saved, current = ws
+        cs.update(saved_world_size=saved, current_world_size=current)
+        sizes = f"saved at world size {saved}, loaded at {current}" if saved and current else "a different world size"
+        remediation = (f"The checkpoint was {sizes}: its shards are laid out for the old size. Either resume with "
+                       f"the original world size{f' ({saved})' if saved else ''}, or reshard it: load it through "
+                       "torch.distributed.checkpoint (DCP reshards on load), or for DeepSpeed ZeRO convert it to "
+                       "a universal checkpoint (ds_to_universal.py) and load with --universal-checkpoint.")
+        kind = "world_size_mismatch"
+    else:
+        why = f"It failed because {_bad_summary(bad)}. " if bad is not None else ""
+        remediation = (f"Loading {path or 'the checkpoint'} failed ({', '.join(classes)}). {why}"
+                       f"{_resume_from(bad.last_good_checkpoint) if bad is not None else ''} "
+                       "Run `ckptwatch verify` on the checkpoint to see which files are missing or damaged.").strip()
+        kind = "load_failure"
+    return Incident(
+        kind=kind, job=state.job, step=key[1], checkpoint_path=path, root_cause=None, collateral=[],
+        checkpoint_state=cs, last_good_checkpoint=bad.last_good_checkpoint if bad else None, remediation=remediation,
+        first_ts=min(e.ts for e in errs), evidence=_evidence(items, state),
+    )
