@@ -64,6 +64,8 @@ class CheckpointRegistry:
 
     saves: dict[CheckpointKey, SaveFact] = field(default_factory=dict)
     bad: dict[CheckpointKey, Incident] = field(default_factory=dict)
+    #: job -> its loss curve (the JobState's own list: (time, step, loss)), to compare a resume with its saver
+    losses: dict[str, list] = field(default_factory=dict)
 
     def record_save(self, fact: SaveFact) -> bool:
         """Remember a save (a later one of the same key replaces it); True if that changed

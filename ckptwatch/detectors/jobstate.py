@@ -28,6 +28,10 @@ class JobState:
     rank_host: dict[int, str] = field(default_factory=dict)
     local_to_rank: dict[tuple[str | None, int], int] = field(default_factory=dict)
     max_ts: dt.datetime | None = None
+    #: the job's loss curve: (time UTC, step, loss) of the lowest rank that logs losses, in arrival order
+    losses: list[tuple[dt.datetime, int, float]] = field(default_factory=list)
+    _loss_rank: int | None = None
+    _loss_seen: set[str] = field(default_factory=set)
 
     def add(self, ev: Ev) -> bool:
         """Record ``ev``; False if it was already known (same dedup key)."""
@@ -35,6 +39,7 @@ class JobState:
         self._learn(ev)
         if ev.kind == "metric":
             rank = self.rank_of(ev)
+            self._add_loss(ev, rank)
             if rank is not None and ev.step is not None and ev.step >= self.last_metric_step.get(rank, -1):
                 self.last_metric_step[rank] = ev.step
                 self.last_metric_ev[rank] = ev
@@ -43,6 +48,24 @@ class JobState:
             return False
         self.events[ev.dedup_key] = ev
         return True
+
+    def _add_loss(self, ev: Ev, rank: int | None) -> None:
+        loss = ev.attrs.get("loss")
+        if loss is None or ev.step is None:
+            return
+        try:
+            value = float(loss)
+        except (TypeError, ValueError):
+            return
+        r = -1 if rank is None else rank
+        if self._loss_rank is None or r < self._loss_rank:
+            if self._loss_rank is not None:
+                self.losses.clear()  # a lower rank showed up: follow it from now on
+                self._loss_seen.clear()
+            self._loss_rank = r
+        if r == self._loss_rank and ev.dedup_key not in self._loss_seen:  # console + rank file: once
+            self._loss_seen.add(ev.dedup_key)
+            self.losses.append((ev.ts, ev.step, value))
 
     def _learn(self, ev: Ev) -> None:
         if ev.kind == "world_size":

@@ -21,6 +21,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from ckptwatch.detectors import regression
 from ckptwatch.detectors.checkpoints import CheckpointKey, CheckpointRegistry, checkpoint_key
 from ckptwatch.detectors.events import Ev
 from ckptwatch.detectors.incident import EvidenceItem, Incident
@@ -136,14 +137,17 @@ def _mesh_size(dims: str) -> int:
     return n
 
 
-def evaluate(state: JobState, registry: CheckpointRegistry) -> list[Incident]:
+def evaluate(state: JobState, registry: CheckpointRegistry,
+             settings: regression.RegressionSettings = regression.RegressionSettings()) -> list[Incident]:
     """The job's resume incidents as of the events it has (no watermark needed)."""
     events = state.events_sorted()
     loads = loads_of(events)
     out: list[Incident] = []
     for ld in loads:
-        bad, _ = registry.verdict(ld.key, ld.first_ts)
+        bad, save = registry.verdict(ld.key, ld.first_ts)
         if bad is None:
+            if save is not None and save.complete:
+                out += _regression(state, registry, ld, save.job, save.path, settings)
             continue
         last_good = bad.last_good_checkpoint  # as the save incident said: the same in every mode
         context = [(e, "resume") for e in ld.events]
@@ -162,6 +166,26 @@ def evaluate(state: JobState, registry: CheckpointRegistry) -> list[Incident]:
     for key, errs in _group_errors(errors, loads).items():
         out.append(_load_incident(state, registry, key, errs, loads))
     return out
+
+
+def _regression(state: JobState, registry: CheckpointRegistry, ld: Load, saver: str, path: str | None,
+                settings: regression.RegressionSettings) -> list[Incident]:
+    step = ld.key[1]
+    curve = registry.losses.get(saver)
+    w = regression.windows(curve, state.losses, step, ld.first_ts, settings.k) if curve and step is not None else None
+    found = regression.judge(*w, settings) if w else None
+    if found is None:
+        return []
+    f = found
+    return [Incident(
+        kind="post_resume_regression", job=state.job, step=step, checkpoint_path=path or ld.path, root_cause=None,
+        collateral=[], checkpoint_state={"reason": f.reason, "saved_by": saver, "before_median": f.before_median,
+                                         "after_median": None if f.reason == "not_finite" else f.after_median,
+                                         "before": list(f.before), "after": [str(v) for v in f.after],
+                                         "after_steps": list(f.after_steps)},
+        last_good_checkpoint=None, remediation=regression.describe(f, step), first_ts=ld.first_ts,
+        evidence=_evidence([(e, "resume") for e in ld.events], state),
+    )]
 
 
 def _group_errors(errors: list[Ev], loads: list[Load]) -> dict[CheckpointKey, list[Ev]]:

@@ -17,6 +17,7 @@ from typing import Any
 
 from ckptwatch.detectors import resume_incidents, save_incidents
 from ckptwatch.detectors.checkpoints import CheckpointRegistry, SaveFact
+from ckptwatch.detectors.regression import RegressionSettings
 from ckptwatch.detectors.events import Ev, is_host_event
 from ckptwatch.detectors.incident import Incident
 from ckptwatch.detectors.jobstate import JobState
@@ -27,10 +28,12 @@ UNKNOWN_JOB = "unknown"
 
 @dataclass(frozen=True)
 class DetectorConfig:
-    """Seconds: ``allowed_lateness`` behind the newest event time; save windows in ``windows``."""
+    """Seconds: ``allowed_lateness`` behind the newest event time; save windows in ``windows``;
+    the post-resume loss comparison in ``regression``."""
 
     allowed_lateness: float = 5.0
     windows: save_incidents.SaveWindows = field(default_factory=save_incidents.SaveWindows)
+    regression: RegressionSettings = field(default_factory=RegressionSettings)
 
 
 @dataclass
@@ -75,6 +78,7 @@ class Detector:
             state = self.jobs.get(job)
             if state is None:
                 state = self.jobs[job] = JobState(job)
+                self.registry.losses[job] = state.losses
                 self.stats.jobs += 1
             if not state.add(ev):
                 self.stats.duplicates += 1
@@ -82,6 +86,8 @@ class Detector:
             if ev.kind in resume_incidents.LOAD_KINDS or ev.kind == "load_error":
                 self._loading.add(job)
                 self._loads_dirty.add(job)
+            elif ev.kind == "metric" and job in self._loading:
+                self._loads_dirty.add(job)  # losses after a resume: post_resume_regression
         self.last_arrival = now or dt.datetime.now(dt.timezone.utc)
 
     def watermark(self, now: dt.datetime | None = None) -> dt.datetime | None:
@@ -133,7 +139,7 @@ class Detector:
                 self.registry.record_incident(inc)
         # resumes after saves: a load is judged by what is known of its checkpoint, whichever job wrote it
         for job in sorted(self._loading if (registry_changed or final) else self._loads_dirty):
-            for inc in resume_incidents.evaluate(self.jobs[job], self.registry):
+            for inc in resume_incidents.evaluate(self.jobs[job], self.registry, self.config.regression):
                 changed += self._emit(inc, wall)
         self._loads_dirty.clear()
         return changed
