@@ -170,3 +170,32 @@ def assert_no_version_twice(bootstrap: str, topic: str) -> None:
 
     seen = collections.Counter((m.key, decode_incident(m.value).fingerprint()) for m in topic_messages(bootstrap, topic))
     assert [k for k, n in seen.items() if n > 1] == []
+
+
+def fleet_equals_embedded(bootstrap: str, logs: Path, tmp: Path, *, partitions: int) -> list[dict]:
+    """Run ``logs`` embedded and through the broker (``run --kafka --once`` in-process,
+    ``partitions`` partitions); assert both left the same incidents, evidence and events in
+    DuckDB and nothing was undecodable. Returns the incidents as ``{kind, step,
+    root_cause: {class, rank}}`` for matching with ``conftest.unmatched``."""
+    import dataclasses
+
+    from ckptwatch.pipeline import PipelineOptions
+    from ckptwatch.services import launch
+    from ckptwatch.sinks.duckdb_store import Store
+
+    embedded = run_embedded(logs, tmp / "embedded.duckdb")
+    cfg = fresh_config(bootstrap, tmp, partitions=partitions)
+    cfg = dataclasses.replace(cfg, collect=dataclasses.replace(cfg.collect, paths=[str(logs)]))
+    store = Store(cfg.sink.db)
+    try:
+        collector, detector, sink = launch.run_all(cfg, PipelineOptions(), store, once=True, until_idle=2.0,
+                                                   say=print)
+    finally:
+        store.close()
+    fleet = snapshot(cfg.sink.db)
+    assert fleet["incidents"] == embedded["incidents"]
+    assert fleet["evidence"] == embedded["evidence"]
+    assert fleet["event_keys"] == embedded["event_keys"]
+    assert len(fleet["event_keys"]) == collector.published > 0
+    assert detector.stats.bad_messages == sink.stats.bad_messages == 0
+    return [{"kind": r[1], "step": r[5], "root_cause": {"class": r[7], "rank": r[8]}} for r in fleet["incidents"]]

@@ -3,44 +3,22 @@ one detector in-process and with two detector processes in one consumer group.""
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import time
 
 import pytest
 from conftest import SCENARIOS, expected, unmatched
-from kafka_support import (assert_no_version_twice, ckptwatch, cli_env, fresh_config, published_per_id, run_embedded,
-                           snapshot, topic_messages)
+from kafka_support import (assert_no_version_twice, ckptwatch, cli_env, fleet_equals_embedded, fresh_config,
+                           published_per_id, run_embedded, snapshot, topic_messages)
 
-from ckptwatch.pipeline import PipelineOptions
-from ckptwatch.services import launch
-from ckptwatch.sinks.duckdb_store import Store
 
 pytestmark = pytest.mark.kafka
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_each_scenario_same_incidents_through_kafka(scenario, copy_scenario, kafka_bootstrap, tmp_path):
-    logs = copy_scenario(scenario)
-    embedded = run_embedded(logs, tmp_path / "embedded.duckdb")
-
-    cfg = fresh_config(kafka_bootstrap, tmp_path, partitions=3)
-    cfg = dataclasses.replace(cfg, collect=dataclasses.replace(cfg.collect, paths=[str(logs)]))
-    store = Store(cfg.sink.db)
-    try:
-        collector, detector, sink = launch.run_all(cfg, PipelineOptions(), store, once=True, until_idle=2.0,
-                                                   say=print)
-    finally:
-        store.close()
-    fleet = snapshot(cfg.sink.db)
-
-    assert fleet["incidents"] == embedded["incidents"]
-    assert fleet["evidence"] == embedded["evidence"]
-    assert fleet["event_keys"] == embedded["event_keys"]
-    assert len(fleet["event_keys"]) == collector.published > 0
-    assert detector.stats.bad_messages == sink.stats.bad_messages == 0
-    assert unmatched(expected(scenario)["incidents"], [{"kind": r[1], "step": r[5], "root_cause": {
-        "class": r[7], "rank": r[8]}} for r in fleet["incidents"]]) == []
+    got = fleet_equals_embedded(kafka_bootstrap, copy_scenario(scenario), tmp_path, partitions=3)
+    assert unmatched(expected(scenario)["incidents"], got) == []
 
 
 def test_whole_corpus_two_detector_processes(copy_scenario, kafka_bootstrap, tmp_path):

@@ -6,18 +6,15 @@ embedded pipeline."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shutil
 from pathlib import Path
 
 import pytest
 from conftest import unmatched
-from kafka_support import fresh_config, run_embedded, snapshot
+from kafka_support import fleet_equals_embedded
 
-from ckptwatch.pipeline import PipelineOptions, diagnose
-from ckptwatch.services import launch
-from ckptwatch.sinks.duckdb_store import Store
+from ckptwatch.pipeline import diagnose
 
 SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
 NAMES = sorted(p.name for p in SCENARIO_DIR.iterdir() if (p / "scenario.json").exists())
@@ -52,29 +49,12 @@ def test_diagnose_meets_the_scenario(name):
 def test_each_scenario_same_incidents_through_kafka(name, kafka_bootstrap, tmp_path):
     logs = tmp_path / name
     shutil.copytree(SCENARIO_DIR / name / "logs", logs)
-    embedded = run_embedded(logs, tmp_path / "embedded.duckdb")
-
     want = spec(name)
     # A regression needs the saving job's losses in the detector that judges the resume:
     # fleet mode has them only when both jobs share a partition (regression.py docstring),
     # so that scenario runs on one partition; the others spread their jobs over three.
     regression = any(w["kind"] == "post_resume_regression" for w in want["incidents"])
-    cfg = fresh_config(kafka_bootstrap, tmp_path, partitions=1 if regression else 3)
-    cfg = dataclasses.replace(cfg, collect=dataclasses.replace(cfg.collect, paths=[str(logs)]))
-    store = Store(cfg.sink.db)
-    try:
-        collector, detector, sink = launch.run_all(cfg, PipelineOptions(), store, once=True, until_idle=2.0,
-                                                   say=print)
-    finally:
-        store.close()
-    fleet = snapshot(cfg.sink.db)
-
-    assert fleet["incidents"] == embedded["incidents"]
-    assert fleet["evidence"] == embedded["evidence"]
-    assert fleet["event_keys"] == embedded["event_keys"]
-    assert len(fleet["event_keys"]) == collector.published > 0
-    assert detector.stats.bad_messages == sink.stats.bad_messages == 0
-    rows = [{"kind": r[1], "step": r[5], "root_cause": {"class": r[7], "rank": r[8]}} for r in fleet["incidents"]]
+    rows = fleet_equals_embedded(kafka_bootstrap, logs, tmp_path, partitions=1 if regression else 3)
     assert unmatched(want["incidents"], rows) == []
     assert not {r["kind"] for r in rows} & set(want["must_not"])
     if not want["incidents"]:

@@ -12,6 +12,7 @@ import datetime as dt
 from dataclasses import dataclass, field
 
 from ckptwatch.detectors.events import Ev
+from ckptwatch.detectors.incident import EvidenceItem
 
 
 @dataclass
@@ -102,6 +103,21 @@ class JobState:
 
     def hosts(self) -> set[str]:
         return set(self.rank_host.values())
+
+    def evidence(self, items: list[tuple[Ev, str]]) -> list[EvidenceItem]:
+        """``(event, role)`` pairs as an incident's evidence: in event-time order, each event
+        once, with its global rank and host filled in from what the job taught us."""
+        seen: set[tuple[str, int]] = set()
+        out = []
+        for ev, role in sorted(items, key=lambda x: (x[0].ts, x[0].source_id, x[0].offset)):
+            if ev.ref in seen:
+                continue
+            seen.add(ev.ref)
+            rank = self.rank_of(ev)
+            out.append(EvidenceItem(source_id=ev.source_id, offset=ev.offset, ts=ev.ts, kind=ev.kind, rank=rank,
+                                    host=ev.host or self.host_of(rank), rule_id=ev.rule_id,
+                                    line=ev.first_line(), role=role))
+        return out
 
     def events_sorted(self) -> list[Ev]:
         return sorted(self.events.values(), key=lambda e: (e.ts, e.source_id, e.offset))

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from ckptwatch.detectors import regression
 from ckptwatch.detectors.checkpoints import CheckpointKey, CheckpointRegistry, checkpoint_key
 from ckptwatch.detectors.events import Ev
-from ckptwatch.detectors.incident import EvidenceItem, Incident
+from ckptwatch.detectors.incident import Incident
 from ckptwatch.detectors.jobstate import JobState
 
 LOAD_KINDS = ("load_start", "resume", "load_end")
@@ -81,19 +81,6 @@ def loads_of(events: list[Ev]) -> list[Load]:
             loads[other].events = sorted(loads[other].events + loads.pop(key).events,
                                          key=lambda e: (e.ts, e.source_id, e.offset))
     return sorted(loads.values(), key=lambda ld: ld.first_ts)
-
-
-def _evidence(items: list[tuple[Ev, str]], state: JobState) -> list[EvidenceItem]:
-    seen, out = set(), []
-    for ev, role in sorted(items, key=lambda x: (x[0].ts, x[0].source_id, x[0].offset)):
-        if ev.ref in seen:
-            continue
-        seen.add(ev.ref)
-        rank = state.rank_of(ev)
-        out.append(EvidenceItem(source_id=ev.source_id, offset=ev.offset, ts=ev.ts, kind=ev.kind, rank=rank,
-                                host=ev.host or state.host_of(rank), rule_id=ev.rule_id, line=ev.first_line(),
-                                role=role))
-    return out
 
 
 _BAD_WORDS = {"interrupted_save": "interrupted by", "storage_failure_during_save": "broken by a storage failure:",
@@ -160,7 +147,7 @@ def evaluate(state: JobState, registry: CheckpointRegistry,
             remediation=(f"Stop this job: it loads step {ld.key[1]} ({bad.checkpoint_path or ld.path}), which is not a "
                          f"good checkpoint: {_bad_summary(bad)}. {_resume_from(last_good)} Verify a checkpoint with "
                          "`ckptwatch verify` before resuming from it."),
-            first_ts=ld.first_ts, evidence=_evidence(context, state),
+            first_ts=ld.first_ts, evidence=state.evidence(context),
         ))
     errors = [e for e in events if e.kind == "load_error"]
     for key, errs in _group_errors(errors, loads).items():
@@ -184,7 +171,7 @@ def _regression(state: JobState, registry: CheckpointRegistry, ld: Load, saver: 
                                          "before": list(f.before), "after": [str(v) for v in f.after],
                                          "after_steps": list(f.after_steps)},
         last_good_checkpoint=None, remediation=regression.describe(f, step), first_ts=ld.first_ts,
-        evidence=_evidence([(e, "resume") for e in ld.events], state),
+        evidence=state.evidence([(e, "resume") for e in ld.events]),
     )]
 
 
@@ -238,5 +225,5 @@ def _load_incident(state: JobState, registry: CheckpointRegistry, key: Checkpoin
     return Incident(
         kind=kind, job=state.job, step=key[1], checkpoint_path=path, root_cause=None, collateral=[],
         checkpoint_state=cs, last_good_checkpoint=bad.last_good_checkpoint if bad else None, remediation=remediation,
-        first_ts=min(e.ts for e in errs), evidence=_evidence(items, state),
+        first_ts=min(e.ts for e in errs), evidence=state.evidence(items),
     )

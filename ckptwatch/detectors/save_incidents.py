@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from ckptwatch.detectors import remediation
 from ckptwatch.detectors.cause import attribute
 from ckptwatch.detectors.events import FAILURE_KINDS, Ev
-from ckptwatch.detectors.incident import EvidenceItem, Incident
+from ckptwatch.detectors.incident import Incident
 from ckptwatch.detectors.jobstate import JobState
 from ckptwatch.detectors.saves import SaveState, saves_of
 
@@ -39,20 +39,6 @@ class SaveWindows:
     pre_window: float = 60.0  # failures this long before a save's start still count
     settle: float = 30.0  # wait this long after the last failure for late evidence
     stall_after: float = 1800.0  # a save with no end and no failure is stalled after this
-
-
-def _evidence(items: list[tuple[Ev, str]], state: JobState) -> list[EvidenceItem]:
-    seen: set[tuple[str, int]] = set()
-    out = []
-    for ev, role in sorted(items, key=lambda x: (x[0].ts, x[0].source_id, x[0].offset)):
-        if ev.ref in seen:
-            continue
-        seen.add(ev.ref)
-        rank = state.rank_of(ev)
-        out.append(EvidenceItem(source_id=ev.source_id, offset=ev.offset, ts=ev.ts, kind=ev.kind, rank=rank,
-                                host=ev.host or state.host_of(rank), rule_id=ev.rule_id,
-                                line=ev.first_line(), role=role))
-    return out
 
 
 def _last_good(saves: dict[int, SaveState], complete_steps: list[int], step: int) -> dict | None:
@@ -143,7 +129,7 @@ def _incident(kind: str, state: JobState, s: SaveState, root, collateral: list[i
         kind=kind, job=state.job, step=s.step, checkpoint_path=s.path, root_cause=root, collateral=collateral,
         checkpoint_state=s.state_dict(), last_good_checkpoint=last_good,
         remediation=remediation.for_save(kind, s.step, s.path, root, last_good), first_ts=first_ts,
-        evidence=_evidence(items, state),
+        evidence=state.evidence(items),
     )
 
 
