@@ -102,12 +102,3 @@ class CheckpointRegistry:
             if bad.first_ts < save.first_ts < at:
                 return None, save
         return bad, save
-
-    def last_good(self, root: str | None, before: int | None) -> dict | None:
-        """The newest complete save under ``root`` with a step below ``before``."""
-        best: SaveFact | None = None
-        for (r, step), fact in self.saves.items():
-            if r == root and step is not None and fact.complete and (before is None or step < before):
-                if best is None or step > best.step:
-                    best = fact
-        return {"step": best.step, "path": best.path} if best else None

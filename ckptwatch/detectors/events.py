@@ -12,6 +12,9 @@ FAILURE_KINDS = frozenset(
     {"process_exit", "agent_signal", "oom_kill", "collective_timeout", "collective_error", "storage_error",
      "gpu_xid", "node_lost", "job_failed", "save_error"}
 )
+#: Kinds of a job loading a checkpoint: what the resume detectors read.
+LOAD_KINDS = frozenset({"load_start", "resume", "load_end"})
+LOADING_KINDS = LOAD_KINDS | {"load_error"}
 #: Kinds reported by a host rather than a job (kernel, storage); joined to jobs by host and pid.
 HOST_KINDS = frozenset({"oom_kill", "gpu_xid", "storage_error", "node_lost"})
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass, field
 
-from ckptwatch.detectors.events import Ev
+from ckptwatch.detectors.events import LOADING_KINDS, Ev
 from ckptwatch.detectors.incident import EvidenceItem
 
 
@@ -33,6 +33,8 @@ class JobState:
     losses: list[tuple[dt.datetime, int, float]] = field(default_factory=list)
     _loss_rank: int | None = None
     _loss_seen: set[str] = field(default_factory=set)
+    #: its load, resume and load-error events (few), kept apart for the resume detectors
+    loading: list[Ev] = field(default_factory=list)
 
     def add(self, ev: Ev) -> bool:
         """Record ``ev``; False if it was already known (same dedup key)."""
@@ -48,6 +50,8 @@ class JobState:
         if ev.dedup_key in self.events:
             return False
         self.events[ev.dedup_key] = ev
+        if ev.kind in LOADING_KINDS:
+            self.loading.append(ev)
         return True
 
     def _add_loss(self, ev: Ev, rank: int | None) -> None:

@@ -23,11 +23,10 @@ from dataclasses import dataclass, field
 
 from ckptwatch.detectors import regression
 from ckptwatch.detectors.checkpoints import CheckpointKey, CheckpointRegistry, checkpoint_key
-from ckptwatch.detectors.events import Ev
+from ckptwatch.detectors.events import LOAD_KINDS, Ev
 from ckptwatch.detectors.incident import Incident
 from ckptwatch.detectors.jobstate import JobState
 
-LOAD_KINDS = ("load_start", "resume", "load_end")
 #: Kinds of a failed load: one incident per job and checkpoint, re-classified in place.
 LOAD_INCIDENT_KINDS = ("load_failure", "world_size_mismatch")
 _WS_CLASSES = ("world_size_mismatch", "device_mesh_mismatch")
@@ -54,10 +53,17 @@ def _error_key(path: str | None) -> CheckpointKey:
     if not path:
         return (None, None)
     p = os.path.normpath(path)
-    while _CKPT_FILES.search(os.path.basename(p)) or re.fullmatch(r"\w+_\d+", os.path.basename(p)) and \
-            not re.search(r"(checkpoint|iter|step|global_step)", os.path.basename(p)):
+    while _inside_checkpoint(os.path.basename(p)):
         p = os.path.dirname(p)
     return checkpoint_key(p, None)
+
+
+def _inside_checkpoint(name: str) -> bool:
+    """A file of a checkpoint (``.metadata``, ``__0_0.distcp``, ``model.safetensors`` ...) or
+    a shard folder in it (``pytorch_model_fsdp_0``), not the checkpoint's own folder."""
+    if _CKPT_FILES.search(name):
+        return True
+    return bool(re.fullmatch(r"\w+_\d+", name)) and not re.search(r"checkpoint|iter|step", name)
 
 
 def loads_of(events: list[Ev]) -> list[Load]:
@@ -127,7 +133,7 @@ def _mesh_size(dims: str) -> int:
 def evaluate(state: JobState, registry: CheckpointRegistry,
              settings: regression.RegressionSettings = regression.RegressionSettings()) -> list[Incident]:
     """The job's resume incidents as of the events it has (no watermark needed)."""
-    events = state.events_sorted()
+    events = sorted(state.loading, key=lambda e: (e.ts, e.source_id, e.offset))
     loads = loads_of(events)
     out: list[Incident] = []
     for ld in loads:
@@ -160,10 +166,9 @@ def _regression(state: JobState, registry: CheckpointRegistry, ld: Load, saver: 
     step = ld.key[1]
     curve = registry.losses.get(saver)
     w = regression.windows(curve, state.losses, step, ld.first_ts, settings.k) if curve and step is not None else None
-    found = regression.judge(*w, settings) if w else None
-    if found is None:
+    f = regression.judge(*w, settings) if w else None
+    if f is None:
         return []
-    f = found
     return [Incident(
         kind="post_resume_regression", job=state.job, step=step, checkpoint_path=path or ld.path, root_cause=None,
         collateral=[], checkpoint_state={"reason": f.reason, "saved_by": saver, "before_median": f.before_median,

@@ -18,7 +18,7 @@ from typing import Any
 from ckptwatch.detectors import resume_incidents, save_incidents
 from ckptwatch.detectors.checkpoints import CheckpointRegistry, SaveFact
 from ckptwatch.detectors.regression import RegressionSettings
-from ckptwatch.detectors.events import Ev, is_host_event
+from ckptwatch.detectors.events import LOADING_KINDS, Ev, is_host_event
 from ckptwatch.detectors.incident import Incident
 from ckptwatch.detectors.jobstate import JobState
 from ckptwatch.detectors.saves import saves_of
@@ -83,7 +83,7 @@ class Detector:
             if not state.add(ev):
                 self.stats.duplicates += 1
             self._dirty.add(job)
-            if ev.kind in resume_incidents.LOAD_KINDS or ev.kind == "load_error":
+            if ev.kind in LOADING_KINDS:
                 self._loading.add(job)
                 self._loads_dirty.add(job)
             elif ev.kind == "metric" and job in self._loading:
@@ -118,12 +118,13 @@ class Detector:
         registry_changed = False
         for job in sorted(self._dirty if not final else set(self.jobs)):
             state = self.jobs[job]
-            saves = saves_of(state, state.events_sorted())
+            events = state.events_sorted()
+            saves = saves_of(state, events)
             for s in saves.values():
                 registry_changed |= self.registry.record_save(
                     SaveFact(job, s.step, s.path, s.complete, s.first_ts, state.world_size))
             found = save_incidents.evaluate(state, self._host_events_for(state), wm, final=final,
-                                            windows=self.config.windows, saves=saves)
+                                            windows=self.config.windows, saves=saves, events=events)
             for inc in found:
                 registry_changed |= self.registry.record_incident(inc)
             still_open = False

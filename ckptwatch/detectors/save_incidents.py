@@ -70,11 +70,13 @@ def evaluate(
     final: bool,
     windows: SaveWindows = SaveWindows(),
     saves: dict[int, SaveState] | None = None,
+    events: list[Ev] | None = None,
 ) -> list[Incident]:
     """Incidents of the job's saves as of ``watermark`` (UTC). ``host_events`` are kernel /
-    storage events of the job's hosts (already joined by host or pid); ``saves``: the
-    job's :func:`saves_of`, when the caller has it already."""
-    events = state.events_sorted()
+    storage events of the job's hosts (already joined by host or pid); ``events`` (the
+    job's events in time order) and ``saves`` (their :func:`saves_of`), when the caller has
+    them already."""
+    events = events if events is not None else state.events_sorted()
     saves = saves if saves is not None else saves_of(state, events)
     job_failures = [e for e in events if e.kind in FAILURE_KINDS]
     out: list[Incident] = []

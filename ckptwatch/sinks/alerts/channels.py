@@ -38,13 +38,12 @@ def build(spec: ChannelSpec, *, redactor: Redactor, timeout: float, console: Con
     the spec sets none. Raises AlertConfigError for a secret that cannot be read or a URL
     that cannot be an endpoint (naming the key and variable, never the value)."""
     secret = {k: ref.resolve() for k, ref in spec.secrets.items()}
-    for key in ("url",):
-        value = secret.get(key) or spec.options.get(key)
-        reason = check_url(value) if value else None
-        if reason:
-            ref = spec.secrets.get(key)
-            how = f"{key}_env: {ref.env}" if ref and ref.env else f"{key}_file: {ref.file}" if ref and ref.file else key
-            raise AlertConfigError(f"[alerts.channels.{spec.name}] {how}: the value {reason}")
+    url = secret.get("url") or spec.options.get("url")
+    reason = check_url(url) if url else None
+    if reason:
+        ref = spec.secrets.get("url")
+        how = f"url_env: {ref.env}" if ref and ref.env else f"url_file: {ref.file}" if ref and ref.file else "url"
+        raise AlertConfigError(f"[alerts.channels.{spec.name}] {how}: the value {reason}")
     t = spec.timeout or timeout
     if spec.type == "slack":
         return SlackChannel(spec.name, secret["url"], redactor=redactor, timeout=t)

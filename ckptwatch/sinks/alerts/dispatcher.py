@@ -77,6 +77,7 @@ class Alerter:
         self._inflight: dict[int, tuple[Notification, Future[Outcome]]] = {}
         self._paused: dict[str, dt.datetime] = {}  # channel -> no sends before (Retry-After)
         self._next_scan: dt.datetime | None = None
+        self.pending_at_close: int | None = None  # set by close()
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ckptwatch-alert")
         self.log.reset_pending(_utcnow())
         if self.metrics is not None:
@@ -234,7 +235,7 @@ class Alerter:
     def summary(self) -> str:
         """One line for the operator: what this process sent, gave up on, left queued."""
         s = self.stats
-        pending = getattr(self, "pending_at_close", None)
+        pending = self.pending_at_close
         if pending is None:
             pending = sum(self.log.pending_counts().values())
         text = f"alerts: {s.sent} sent, {s.rejected} rejected, {s.expired} expired, {pending} pending"
@@ -244,5 +245,4 @@ class Alerter:
     def undelivered(self) -> bool:
         """Something this process queued or tried was not delivered (rejected, expired, or
         still pending)."""
-        pending = getattr(self, "pending_at_close", 0)
-        return bool(self.stats.rejected or self.stats.expired or pending)
+        return bool(self.stats.rejected or self.stats.expired or self.pending_at_close)
