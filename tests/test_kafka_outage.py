@@ -4,6 +4,7 @@ it is waiting, does not crash, and every line reaches DuckDB once. Runs its own 
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -45,7 +46,13 @@ def test_broker_restart_while_collecting(own_broker, tmp_path):
     collector = ckptwatch(["collect", str(tmp_path / "logs"), "--until-idle", "5"], env)
     t = threading.Thread(target=writer)
     t.start()
-    time.sleep(2.0)
+    # stop the broker once the collector is publishing (its offsets file is written after the
+    # first acknowledged batch), not at a fixed time: a slow start under load would otherwise
+    # spend the outage inside topic creation, which is not what this test is about
+    deadline = time.monotonic() + 60
+    while not os.path.exists(cfg.collect.checkpoint):
+        assert time.monotonic() < deadline and collector.poll() is None, "the collector never published"
+        time.sleep(0.1)
     local.stop(state, 10.0)
     down = time.monotonic()
     time.sleep(10.0)
