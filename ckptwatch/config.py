@@ -7,6 +7,7 @@ File layout (every key optional; see ``examples/ckptwatch.toml``)::
     bootstrap_servers = "127.0.0.1:9092"  # empty: embedded mode, no broker
     events_topic = "ckptwatch.events"
     incidents_topic = "ckptwatch.incidents"
+    saves_topic = "ckptwatch.saves"        # save facts shared by the detectors (compacted)
     partitions = 6                         # used when a topic is created
     replication_factor = 1
     compression = "gzip"                   # gzip | none (lz4/snappy/zstd need their python codecs)
@@ -68,6 +69,7 @@ class KafkaSettings:
     bootstrap_servers: str = ""
     events_topic: str = "ckptwatch.events"
     incidents_topic: str = "ckptwatch.incidents"
+    saves_topic: str = "ckptwatch.saves"
     partitions: int = 6
     replication_factor: int = 1
     compression: str = "gzip"

@@ -42,7 +42,8 @@ def fresh_config(bootstrap: str, tmp: Path, *, partitions: int = 1) -> Config:
     tag = uuid.uuid4().hex[:8]
     return Config(
         kafka=KafkaSettings(bootstrap_servers=bootstrap, events_topic=f"t{tag}.events",
-                            incidents_topic=f"t{tag}.incidents", partitions=partitions),
+                            incidents_topic=f"t{tag}.incidents", saves_topic=f"t{tag}.saves",
+                            partitions=partitions),
         collect=CollectSettings(checkpoint=str(tmp / f"collect-{tag}.json"), interval=0.1),
         detect=DetectSettings(group=f"detect-{tag}", interval=0.1),
         sink=SinkSettings(db=str(tmp / f"sink-{tag}.duckdb"), group=f"sink-{tag}"),
@@ -56,6 +57,7 @@ def cli_env(cfg: Config, **extra: str) -> dict[str, str]:
         "CKPTWATCH_KAFKA_BOOTSTRAP_SERVERS": cfg.kafka.bootstrap_servers,
         "CKPTWATCH_KAFKA_EVENTS_TOPIC": cfg.kafka.events_topic,
         "CKPTWATCH_KAFKA_INCIDENTS_TOPIC": cfg.kafka.incidents_topic,
+        "CKPTWATCH_KAFKA_SAVES_TOPIC": cfg.kafka.saves_topic,
         "CKPTWATCH_KAFKA_PARTITIONS": str(cfg.kafka.partitions),
         "CKPTWATCH_COLLECT_CHECKPOINT": cfg.collect.checkpoint,
         "CKPTWATCH_COLLECT_INTERVAL": str(cfg.collect.interval),

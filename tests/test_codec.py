@@ -42,3 +42,34 @@ def test_bad_messages_are_skipped_and_named():
 def test_bad_incident_message(value, message):
     with pytest.raises(codec.DecodeError, match=message):
         codec.decode_incident(value)
+
+
+def test_save_fact_round_trip_keeps_nan_losses_equal():
+    """A fact read back from the saves topic is the same fact (a NaN loss included), so a
+    member learning its own facts back changes nothing."""
+    import datetime as dt
+    import math
+
+    from ckptwatch.detectors.checkpoints import CheckpointRegistry, SaveFact
+    from ckptwatch.kafka.codec import decode_save_fact, encode_save_fact, save_fact_key
+
+    t = dt.datetime(2026, 11, 30, 10, 30, 24, 617000, tzinfo=dt.timezone.utc)
+    fact = SaveFact("gpt-0601", 40, "/ckpt/gpt/iter_0000040", True, t, 4,
+                    ((t, 39, 1.859321), (t + dt.timedelta(seconds=1), 40, math.nan)))
+    back = decode_save_fact(encode_save_fact(fact))
+    assert save_fact_key(back) == b"/ckpt/gpt|40"
+    assert (back.job, back.step, back.path, back.complete, back.first_ts, back.world_size) == \
+        ("gpt-0601", 40, "/ckpt/gpt/iter_0000040", True, t, 4)
+    assert back.losses[0] == (t, 39, 1.859321) and math.isnan(back.losses[1][2])
+    registry = CheckpointRegistry()
+    assert registry.record_save(fact) is True
+    assert registry.record_save(back) is False
+
+
+def test_save_fact_decode_names_the_problem():
+    from ckptwatch.kafka.codec import DecodeError, decode_save_fact
+
+    with pytest.raises(DecodeError, match="no field 'losses'"):
+        decode_save_fact(b'{"job": "j", "step": 1, "path": null, "complete": true, "first_ts": null, "world_size": 2}')
+    with pytest.raises(DecodeError, match="not a ckptwatch save fact"):
+        decode_save_fact(b"[1, 2]")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -50,12 +51,64 @@ def test_each_scenario_same_incidents_through_kafka(name, kafka_bootstrap, tmp_p
     logs = tmp_path / name
     shutil.copytree(SCENARIO_DIR / name / "logs", logs)
     want = spec(name)
-    # A regression needs the saving job's losses in the detector that judges the resume:
-    # fleet mode has them only when both jobs share a partition (regression.py docstring),
-    # so that scenario runs on one partition; the others spread their jobs over three.
-    regression = any(w["kind"] == "post_resume_regression" for w in want["incidents"])
-    rows = fleet_equals_embedded(kafka_bootstrap, logs, tmp_path, partitions=1 if regression else 3)
+    # Three partitions spread the jobs: in megatron-regression the saving and the resumed job
+    # land in different ones (murmur2 of the job id: 1 and 2), so the saver's losses reach the
+    # resume's detector only through the saves topic.
+    rows = fleet_equals_embedded(kafka_bootstrap, logs, tmp_path, partitions=3)
     assert unmatched(want["incidents"], rows) == []
     assert not {r["kind"] for r in rows} & set(want["must_not"])
     if not want["incidents"]:
         assert rows == []
+
+
+def _group_members(bootstrap: str, group: str) -> tuple[str, int]:
+    """(state, number of members) of consumer ``group``."""
+    from kafka import KafkaAdminClient
+    from kafka.errors import KafkaError
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="test-admin")
+    try:
+        d = admin.describe_groups([group])[group]
+        return d.get("group_state", ""), len(d.get("members", []))
+    except KafkaError:  # no coordinator yet: the group is still forming
+        return "", 0
+    finally:
+        admin.close()
+
+
+@pytest.mark.kafka
+def test_regression_judged_across_detector_processes(kafka_bootstrap, tmp_path):
+    """The saving job and the resumed job of megatron-regression in partitions owned by two
+    different `ckptwatch detect` processes: the resume's owner learns the saver's losses
+    from the saves topic, and the fleet finds the same regression as the embedded run."""
+    from kafka.partitioner.default import murmur2
+    from kafka_support import ckptwatch, cli_env, finish, fresh_config, run_embedded, snapshot, topic_messages
+
+    logs = tmp_path / "megatron-regression"
+    shutil.copytree(SCENARIO_DIR / "megatron-regression" / "logs", logs)
+    jobs = sorted(p.name for p in logs.iterdir())
+    assert sorted((murmur2(j.encode()) & 0x7FFFFFFF) % 2 for j in jobs) == [0, 1]  # one job per partition
+    embedded = run_embedded(logs, tmp_path / "embedded.duckdb")
+    cfg = fresh_config(kafka_bootstrap, tmp_path, partitions=2)
+    env = cli_env(cfg)
+    detectors = [ckptwatch(["detect"], env) for _ in range(2)]  # they create the topics
+    try:
+        deadline = time.monotonic() + 120
+        while _group_members(kafka_bootstrap, cfg.detect.group) != ("Stable", 2):
+            assert time.monotonic() < deadline and all(d.poll() is None for d in detectors), "group never settled"
+            time.sleep(0.5)
+        # one partition each from now on: each member reads one job's events
+        finish(ckptwatch(["collect", "--once", str(logs)], env))
+        while not any(json.loads(m.value)["kind"] == "post_resume_regression"
+                      for m in topic_messages(kafka_bootstrap, cfg.kafka.incidents_topic)):
+            assert time.monotonic() < deadline and all(d.poll() is None for d in detectors), "no regression found"
+            time.sleep(1.0)
+    finally:
+        for d in detectors:
+            d.terminate()
+    for d in detectors:
+        finish(d)
+    saves = [json.loads(m.value) for m in topic_messages(kafka_bootstrap, cfg.kafka.saves_topic)]
+    assert {(s["job"], s["step"], s["complete"], len(s["losses"])) for s in saves} >= {("gpt-0601-pretrain", 40, True, 5)}
+    finish(ckptwatch(["sink", "--until-idle", "6"], env))
+    assert snapshot(cfg.sink.db)["incidents"] == embedded["incidents"]

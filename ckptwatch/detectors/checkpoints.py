@@ -47,7 +47,11 @@ def checkpoint_key(path: str | None, step: int | None) -> CheckpointKey:
 @dataclass
 class SaveFact:
     """One save seen in the logs: its job, path, whether every expected rank finished it
-    (``complete``), its first start (UTC) and the saving job's world size."""
+    (``complete``), its first start (UTC), the saving job's world size, and the saving job's
+    last losses up to the saved step (``losses``: ``(time UTC, step, loss)`` by step, at most
+    :attr:`RegressionSettings.k <ckptwatch.detectors.regression.RegressionSettings.k>`), which a
+    resume from it is compared with. A fact is all a detector needs of a save written by a
+    job it does not own (fleet mode: the saves topic carries them between members)."""
 
     job: str
     step: int
@@ -55,17 +59,24 @@ class SaveFact:
     complete: bool
     first_ts: dt.datetime | None
     world_size: int | None
+    losses: tuple[tuple[dt.datetime, int, float], ...] = ()
+
+
+def _comparable(fact: SaveFact) -> tuple:
+    """``fact`` as a tuple in which a NaN loss equals another NaN (a fact read back from the
+    saves topic must compare equal to the one written)."""
+    losses = tuple((ts, s, v if v == v else "nan") for ts, s, v in fact.losses)
+    return (fact.job, fact.step, fact.path, fact.complete, fact.first_ts, fact.world_size, losses)
 
 
 @dataclass
 class CheckpointRegistry:
-    """Facts per :data:`CheckpointKey`. ``saves``: the latest save of each key; ``bad``: the
-    save incident (not superseded, not resolved away) that marked a key not-good."""
+    """Facts per :data:`CheckpointKey`. ``saves``: the latest save of each key (by first
+    start; a fact learned twice changes nothing); ``bad``: the save incident (not superseded,
+    not resolved away) that marked a key not-good."""
 
     saves: dict[CheckpointKey, SaveFact] = field(default_factory=dict)
     bad: dict[CheckpointKey, Incident] = field(default_factory=dict)
-    #: job -> its loss curve (the JobState's own list: (time, step, loss)), to compare a resume with its saver
-    losses: dict[str, list] = field(default_factory=dict)
 
     def record_save(self, fact: SaveFact) -> bool:
         """Remember a save (a later one of the same key replaces it); True if that changed
@@ -75,7 +86,7 @@ class CheckpointRegistry:
         if old is not None and old.first_ts and fact.first_ts and old.first_ts > fact.first_ts:
             return False
         self.saves[key] = fact
-        return old != fact
+        return old is None or _comparable(old) != _comparable(fact)
 
     def record_incident(self, inc: Incident) -> bool:
         """Remember a save incident as marking its checkpoint not-good (or forget it, when

@@ -9,9 +9,10 @@ noise never gets there). A constant loss (every one of the ``k`` values equal wh
 old window moved) points at a model that is not training: weights not loaded, a frozen
 optimizer.
 
-The saving job's losses are known when its events reach the same detector: always in the
-embedded pipeline; in fleet mode when both jobs share a partition (a job resumed under
-its own id always does).
+The saving job's last losses travel with the save itself (:attr:`SaveFact.losses
+<ckptwatch.detectors.checkpoints.SaveFact.losses>`, cut by :func:`saver_window`), so the
+resume is judged wherever it is seen: in fleet mode the saves topic carries them to the
+member that owns the resumed job.
 """
 
 from __future__ import annotations
@@ -45,6 +46,14 @@ class Finding:
     before: tuple[float, ...]
     after: tuple[float, ...]
     after_steps: tuple[int, ...]
+
+
+def saver_window(curve: Losses, step: int, k: int) -> tuple[tuple[dt.datetime, int, float], ...]:
+    """The last ``k`` points of ``curve`` (``(time UTC, step, loss)`` in arrival order) at or
+    before ``step``, one per step (the latest logged), in step order: what a save keeps of
+    its job's loss curve."""
+    by_step = {s: (ts, s, v) for ts, s, v in curve if s <= step}
+    return tuple(by_step[s] for s in sorted(by_step)[-k:])
 
 
 def windows(saver: Losses, resumed: Losses, step: int, resumed_at: dt.datetime,

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass, field
 
 from ckptwatch.detectors import regression
-from ckptwatch.detectors.checkpoints import CheckpointKey, CheckpointRegistry, checkpoint_key
+from ckptwatch.detectors.checkpoints import CheckpointKey, CheckpointRegistry, SaveFact, checkpoint_key
 from ckptwatch.detectors.events import LOAD_KINDS, Ev
 from ckptwatch.detectors.incident import Incident
 from ckptwatch.detectors.jobstate import JobState
@@ -140,7 +140,7 @@ def evaluate(state: JobState, registry: CheckpointRegistry,
         bad, save = registry.verdict(ld.key, ld.first_ts)
         if bad is None:
             if save is not None and save.complete:
-                out += _regression(state, registry, ld, save.job, save.path, settings)
+                out += _regression(state, ld, save, settings)
             continue
         last_good = bad.last_good_checkpoint  # as the save incident said: the same in every mode
         context = [(e, "resume") for e in ld.events]
@@ -161,10 +161,9 @@ def evaluate(state: JobState, registry: CheckpointRegistry,
     return out
 
 
-def _regression(state: JobState, registry: CheckpointRegistry, ld: Load, saver: str, path: str | None,
-                settings: regression.RegressionSettings) -> list[Incident]:
-    step = ld.key[1]
-    curve = registry.losses.get(saver)
+def _regression(state: JobState, ld: Load, save: SaveFact, settings: regression.RegressionSettings) -> list[Incident]:
+    step, saver, path = ld.key[1], save.job, save.path
+    curve = list(save.losses)
     w = regression.windows(curve, state.losses, step, ld.first_ts, settings.k) if curve and step is not None else None
     f = regression.judge(*w, settings) if w else None
     if f is None:

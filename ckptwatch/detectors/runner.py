@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ckptwatch.detectors import resume_incidents, save_incidents
-from ckptwatch.detectors.checkpoints import CheckpointRegistry, SaveFact
-from ckptwatch.detectors.regression import RegressionSettings
+from ckptwatch.detectors.checkpoints import CheckpointRegistry, SaveFact, checkpoint_key
+from ckptwatch.detectors.regression import RegressionSettings, saver_window
 from ckptwatch.detectors.events import LOADING_KINDS, Ev, is_host_event
 from ckptwatch.detectors.incident import Incident
 from ckptwatch.detectors.jobstate import JobState
@@ -61,6 +61,8 @@ class Detector:
         self.registry = CheckpointRegistry()  # checkpoints across jobs: saves seen, marked bad
         self._loading: set[str] = set()  # jobs that logged a load, a resume or a load error
         self._loads_dirty: set[str] = set()
+        # facts of our own saves not yet taken by take_save_facts, by checkpoint (bounded like the registry)
+        self._new_saves: dict[tuple[str | None, int | None], SaveFact] = {}
 
     def process(self, rows: Iterable[dict[str, Any]], *, now: dt.datetime | None = None) -> None:
         """Take events (dicts with EVENT_SCHEMA keys, e.g. ``df.iter_rows(named=True)``)."""
@@ -78,7 +80,6 @@ class Detector:
             state = self.jobs.get(job)
             if state is None:
                 state = self.jobs[job] = JobState(job)
-                self.registry.losses[job] = state.losses
                 self.stats.jobs += 1
             if not state.add(ev):
                 self.stats.duplicates += 1
@@ -121,8 +122,11 @@ class Detector:
             events = state.events_sorted()
             saves = saves_of(state, events)
             for s in saves.values():
-                registry_changed |= self.registry.record_save(
-                    SaveFact(job, s.step, s.path, s.complete, s.first_ts, state.world_size))
+                fact = SaveFact(job, s.step, s.path, s.complete, s.first_ts, state.world_size,
+                                saver_window(state.losses, s.step, self.config.regression.k))
+                if self.registry.record_save(fact):
+                    registry_changed = True
+                    self._new_saves[checkpoint_key(fact.path, fact.step)] = fact
             found = save_incidents.evaluate(state, self._host_events_for(state), wm, final=final,
                                             windows=self.config.windows, saves=saves, events=events)
             for inc in found:
@@ -152,6 +156,24 @@ class Detector:
         for inc in incidents:
             if self.registry.record_incident(inc):
                 self._loads_dirty.update(self._loading)
+
+    def learn_saves(self, facts: Iterable[SaveFact]) -> bool:
+        """Take save facts found elsewhere (another detector's :meth:`take_save_facts`, read
+        back from the saves topic): a resume in a job this detector owns is judged against
+        the saver's world size and losses. True if one was new or changed here."""
+        changed = False
+        for fact in facts:
+            if self.registry.record_save(fact):
+                changed = True
+                self._loads_dirty.update(self._loading)
+        return changed
+
+    def take_save_facts(self) -> list[SaveFact]:
+        """Facts of this detector's own saves that are new or changed since the last call
+        (the latest of each checkpoint), for other detectors to :meth:`learn_saves`."""
+        out = list(self._new_saves.values())
+        self._new_saves.clear()
+        return out
 
     def _finished_stalls(self, job: str, found: set[str]) -> list[Incident]:
         """Open ``stalled_save`` incidents of ``job`` that evaluation no longer reports: their

@@ -4,7 +4,7 @@
 * :mod:`.admin`         topics created if missing
 * :mod:`.producer`      an idempotent ``acks=all`` publisher that waits out a broker outage
 * :mod:`.consumer`      a consumer-group member with explicit offset commits
-* :mod:`.codec`         the JSON wire format of the events and incidents topics
+* :mod:`.codec`         the JSON wire format of the events, incidents and saves topics
 
 Detectors, rules and ingest never import this package; :mod:`ckptwatch.services` does.
 """

@@ -1,4 +1,4 @@
-"""Topic creation: the events and incidents topics, created if missing."""
+"""Topic creation: the events, incidents and saves topics, created if missing."""
 
 from __future__ import annotations
 
@@ -19,9 +19,10 @@ class BrokerUnavailable(Exception):
 
 def ensure_topics(settings: KafkaSettings, *, timeout: float = 60.0,
                   on_wait: Callable[[str], None] | None = None) -> None:
-    """Create ``settings.events_topic`` and ``settings.incidents_topic`` with
-    ``settings.partitions`` partitions if they do not exist (an existing topic is left as it
-    is). Retries while the broker is unreachable, for up to ``timeout`` seconds, telling
+    """Create ``settings.events_topic``, ``settings.incidents_topic`` and
+    ``settings.saves_topic`` with ``settings.partitions`` partitions if they do not exist (an
+    existing topic is left as it is). The saves topic is compacted: only the latest fact of
+    each checkpoint matters. Retries while the broker is unreachable, for up to ``timeout`` seconds, telling
     ``on_wait`` so.
 
     Raises BrokerUnavailable after ``timeout``; KafkaError for a refusal (e.g. ACLs)."""
@@ -38,9 +39,11 @@ def ensure_topics(settings: KafkaSettings, *, timeout: float = 60.0,
             time.sleep(1.0)
     try:
         existing = set(admin.list_topics())
+        compacted = {"cleanup.policy": "compact"}
         wanted = [
-            NewTopic(name, settings.partitions, settings.replication_factor)
-            for name in (settings.events_topic, settings.incidents_topic)
+            NewTopic(name, settings.partitions, settings.replication_factor,
+                     topic_configs=compacted if name == settings.saves_topic else {})
+            for name in (settings.events_topic, settings.incidents_topic, settings.saves_topic)
             if name not in existing
         ]
         if wanted:

@@ -1,4 +1,4 @@
-"""Wire format of the two topics. Plain JSON, one message per event or incident, so any
+"""Wire format of the three topics. Plain JSON, one message per event or incident, so any
 consumer (``kcat``, a notebook) can read a topic without this package.
 
 * **events topic**: value = one EVENT_SCHEMA row as a JSON object, with ``ts`` as an integer
@@ -6,15 +6,22 @@ consumer (``kcat``, a notebook) can read a topic without this package.
   string. Key = the job (UTF-8), or for host-level events (kernel, storage: no rank) the host.
 * **incidents topic**: value = :meth:`ckptwatch.detectors.Incident.to_dict` as JSON; key =
   the incident id. The latest message of a key is the incident's current version.
+* **saves topic**: value = one :class:`~ckptwatch.detectors.checkpoints.SaveFact` as JSON
+  (``first_ts`` and loss times as ISO 8601 UTC strings; ``losses`` as ``[time, step, loss]``
+  triples, a non-finite loss as the JSON extension ``NaN`` / ``Infinity`` that Python's json
+  reads); key = the checkpoint's ``root|step``. The latest message of a key is what the
+  detectors know of that checkpoint's save.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import io
 import json
 
 import polars as pl
 
+from ckptwatch.detectors.checkpoints import SaveFact, checkpoint_key
 from ckptwatch.detectors.incident import Incident
 from ckptwatch.schema import EVENT_SCHEMA, TS
 
@@ -65,6 +72,38 @@ def decode_incident(value: bytes) -> Incident:
         raise DecodeError(f"not a ckptwatch incident: no field {e}") from None
     except (ValueError, TypeError, AttributeError) as e:
         raise DecodeError(f"not a ckptwatch incident: {e}") from None
+
+
+def save_fact_key(fact: SaveFact) -> bytes:
+    """The saves-topic key of ``fact``: its checkpoint, ``root|step`` (UTF-8)."""
+    root, step = checkpoint_key(fact.path, fact.step)
+    return f"{root or ''}|{'' if step is None else step}".encode()
+
+
+def encode_save_fact(fact: SaveFact) -> bytes:
+    """One saves-topic value (see the module docstring)."""
+    return json.dumps({
+        "job": fact.job, "step": fact.step, "path": fact.path, "complete": fact.complete,
+        "first_ts": fact.first_ts.isoformat() if fact.first_ts else None, "world_size": fact.world_size,
+        "losses": [[ts.isoformat(), s, v] for ts, s, v in fact.losses],
+    }).encode()
+
+
+def decode_save_fact(value: bytes) -> SaveFact:
+    """Inverse of :func:`encode_save_fact`. Raises DecodeError when the value is not a save fact."""
+    try:
+        d = json.loads(value)
+        first = d["first_ts"]
+        return SaveFact(
+            job=str(d["job"]), step=int(d["step"]), path=d["path"], complete=bool(d["complete"]),
+            first_ts=dt.datetime.fromisoformat(first) if first else None,
+            world_size=None if d["world_size"] is None else int(d["world_size"]),
+            losses=tuple((dt.datetime.fromisoformat(ts), int(s), float(v)) for ts, s, v in d["losses"]),
+        )
+    except KeyError as e:
+        raise DecodeError(f"not a ckptwatch save fact: no field {e}") from None
+    except (ValueError, TypeError, AttributeError) as e:
+        raise DecodeError(f"not a ckptwatch save fact: {e}") from None
 
 
 def decode_events_skipping(values: list[bytes]) -> tuple[pl.DataFrame, list[tuple[int, DecodeError]]]:

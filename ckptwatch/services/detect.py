@@ -8,6 +8,13 @@ member seeks to its beginning and replays it. Until the replay reaches the group
 committed offset the detector is only fed, not asked for incidents, so it cannot republish
 a stale intermediate version; nor is it asked while the partition has a backlog.
 
+What a resume is judged by crosses partitions: a job often resumes from a checkpoint another
+job wrote, and the two jobs' events may live in different partitions. Members share it
+through two topics every member follows whole (:class:`TopicReader`): the incidents topic
+(save incidents mark checkpoints not-good) and the compacted saves topic (each save's
+completeness, world size and the saver's last losses, published by the member that owns
+the saving job).
+
 What was already published is read back from the incidents topic (id -> fingerprint of the
 latest version) when partitions are assigned; an incident is published only when it is new
 or its fingerprint changed. Offsets are committed only after the incidents that depend on
@@ -32,7 +39,9 @@ from ckptwatch.config import Config
 from ckptwatch.detectors import Detector, DetectorConfig, Incident
 from ckptwatch.detectors.checkpoints import BAD_KINDS
 from ckptwatch.kafka.admin import ensure_topics
-from ckptwatch.kafka.codec import DecodeError, decode_events_skipping, decode_incident, encode_incident
+from ckptwatch.detectors.checkpoints import SaveFact
+from ckptwatch.kafka.codec import (DecodeError, decode_events_skipping, decode_incident, decode_save_fact,
+                                   encode_incident, encode_save_fact, save_fact_key)
 from ckptwatch.kafka.consumer import GroupMember, TopicReader, read_to_end
 from ckptwatch.kafka.producer import Message, Publisher
 from ckptwatch.sinks.metrics import Metrics
@@ -78,6 +87,9 @@ class DetectorMember:
         # save incidents of every member: a resume in a job of ours may load another job's checkpoint
         self.known_bad: dict[str, Incident] = {}
         self.facts = TopicReader(config.kafka, config.kafka.incidents_topic, client_id="ckptwatch-detect-facts")
+        # save facts of every member: a resume is compared with the saver's world size and losses
+        self.known_saves: dict[bytes, SaveFact] = {}  # by checkpoint
+        self.saves = TopicReader(config.kafka, config.kafka.saves_topic, client_id="ckptwatch-detect-saves")
 
     # -- rebalance callbacks (run inside poll) ---------------------------------------------
     def _assigned(self, partitions: set[TopicPartition]) -> None:
@@ -88,6 +100,7 @@ class DetectorMember:
         for tp in partitions:
             self.detectors[tp] = Detector(self.detector_config)
             self.detectors[tp].learn(self.known_bad.values())
+            self.detectors[tp].learn_saves(self.known_saves.values())
             self.position[tp] = 0
             self._pending.add(tp)
         if partitions:
@@ -105,12 +118,15 @@ class DetectorMember:
     # -- one unit of work ------------------------------------------------------------------
     def _load_published(self) -> None:
         """What is on the incidents topic: the published versions (not to publish again) and
-        the save incidents to judge resumes by, learned before a new partition is evaluated."""
+        the save incidents to judge resumes by; and what is on the saves topic. Both learned
+        before a new partition is evaluated."""
         known = [inc for inc in map(self._decode, read_to_end(self.config.kafka, self.config.kafka.incidents_topic,
                                                               client_id="ckptwatch-detect")) if inc is not None]
         for inc in known:
             self.published[inc.id] = inc.fingerprint()
         self._learn(known)
+        self._learn_saves(self._decode_saves(read_to_end(self.config.kafka, self.config.kafka.saves_topic,
+                                                         client_id="ckptwatch-detect")))
         self._refresh_published = False
 
     def _feed(self, tp: TopicPartition, records: list[ConsumerRecord], now: dt.datetime) -> None:
@@ -153,12 +169,17 @@ class DetectorMember:
         if self._refresh_published:
             self._load_published()
         self._learn([inc for inc in map(self._decode, self.facts.poll()) if inc is not None])
+        self._learn_saves(self._decode_saves(self.saves.poll()))
         changed: list[Incident] = []
-        for _ in range(3):  # a save incident found in one partition may settle a resume in another
-            found = [inc for tp, det in sorted(self.detectors.items(), key=lambda kv: kv[0].partition)
-                     if not self.replaying(tp) and not self.behind(tp) for inc in det.advance(now=now)]
+        facts: dict[bytes, SaveFact] = {}
+        for _ in range(3):  # a save found in one partition may settle a resume in another
+            ready = [det for tp, det in sorted(self.detectors.items(), key=lambda kv: kv[0].partition)
+                     if not self.replaying(tp) and not self.behind(tp)]
+            found = [inc for det in ready for inc in det.advance(now=now)]
+            new_facts = [f for det in ready for f in det.take_save_facts()]
+            facts.update((save_fact_key(f), f) for f in new_facts)
             changed += found
-            if not self._learn(found):
+            if not (self._learn(found) | self._learn_saves(new_facts)):
                 break
         changed = list({inc.id: inc for inc in changed}.values())  # the latest version of each
         msgs = []
@@ -167,8 +188,9 @@ class DetectorMember:
             if self.published.get(inc.id) != fp:
                 msgs.append((inc.id, fp, Message(self.config.kafka.incidents_topic, inc.id.encode(), encode_incident(inc))))
         first = {iid for iid, _, _ in msgs if iid not in self.published}
-        if msgs:
-            self.publisher.publish([m for _, _, m in msgs])
+        saves_out = [Message(self.config.kafka.saves_topic, key, encode_save_fact(f)) for key, f in facts.items()]
+        if msgs or saves_out:
+            self.publisher.publish(saves_out + [m for _, _, m in msgs])
             for iid, fp, _ in msgs:
                 self.published[iid] = fp
             self.stats.incidents_published += len(msgs)
@@ -201,7 +223,28 @@ class DetectorMember:
             det.learn(saves)
         return True
 
+    @staticmethod
+    def _decode_saves(records: list[ConsumerRecord]) -> list[SaveFact]:
+        out = []
+        for rec in records:
+            try:
+                out.append(decode_save_fact(rec.value))
+            except DecodeError:
+                continue  # not ours to report: the saves topic is written by detectors only
+        return out
+
+    def _learn_saves(self, facts: list[SaveFact]) -> bool:
+        """Share save facts with every detector of this member. True if one changed anything."""
+        if not facts:
+            return False
+        self.known_saves.update((save_fact_key(f), f) for f in facts)
+        changed = False
+        for det in self.detectors.values():
+            changed |= det.learn_saves(facts)
+        return changed
+
     def close(self) -> None:
         self.member.close()
         self.facts.close()
+        self.saves.close()
         self.publisher.close()
