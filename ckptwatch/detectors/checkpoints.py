@@ -95,13 +95,27 @@ class CheckpointRegistry:
             return False
         key = checkpoint_key(inc.checkpoint_path, inc.step)
         old = self.bad.get(key)
-        if inc.status == "superseded":
+        if inc.status == "superseded" or (inc.kind == "corrupt_checkpoint" and inc.status == "resolved"):
+            # a re-verification found it whole again; a resolved *save* incident still marks its own step
             if old is not None and old.id == inc.id:
                 del self.bad[key]
                 return True
             return False
         self.bad[key] = inc
         return old is None or old.id != inc.id or old.fingerprint() != inc.fingerprint()
+
+    def last_good(self, key: CheckpointKey, at: dt.datetime) -> dict | None:
+        """``{"step", "path"}`` of the newest save under the same root as ``key``, at an
+        earlier step, complete, begun before ``at`` (UTC) and not marked bad; else None."""
+        root, step = key
+        best: SaveFact | None = None
+        for (r, s), fact in self.saves.items():
+            if (r != root or s is None or step is None or s >= step or not fact.complete
+                    or fact.first_ts is None or fact.first_ts >= at or (r, s) in self.bad):
+                continue
+            if best is None or s > best.step:
+                best = fact
+        return {"step": best.step, "path": best.path} if best else None
 
     def verdict(self, key: CheckpointKey, at: dt.datetime) -> tuple[Incident | None, SaveFact | None]:
         """(the incident that marked ``key`` not-good, the save seen for it), either None, as

@@ -35,6 +35,8 @@ class JobState:
     _loss_seen: set[str] = field(default_factory=set)
     #: its load, resume and load-error events (few), kept apart for the resume detectors
     loading: list[Ev] = field(default_factory=list)
+    #: its checkpoint verifications (``integrity`` events), for :mod:`.integrity_incidents`
+    integrity: list[Ev] = field(default_factory=list)
 
     def add(self, ev: Ev) -> bool:
         """Record ``ev``; False if it was already known (same dedup key)."""
@@ -52,6 +54,8 @@ class JobState:
         self.events[ev.dedup_key] = ev
         if ev.kind in LOADING_KINDS:
             self.loading.append(ev)
+        elif ev.kind == "integrity":
+            self.integrity.append(ev)
         return True
 
     def _add_loss(self, ev: Ev, rank: int | None) -> None:
@@ -73,7 +77,7 @@ class JobState:
             self.losses.append((ev.ts, ev.step, value))
 
     def _learn(self, ev: Ev) -> None:
-        if ev.kind == "world_size":
+        if ev.kind == "world_size" or ev.rule_id.startswith("ckptwatch."):  # its own lines say it too
             ws = ev.attrs.get("world_size")
             if isinstance(ws, int) and ws > 0:
                 self.world_size = max(self.world_size or 0, ws)

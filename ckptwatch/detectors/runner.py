@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptwatch.detectors import resume_incidents, save_incidents
+from ckptwatch.detectors import integrity_incidents, resume_incidents, save_incidents
 from ckptwatch.detectors.checkpoints import CheckpointRegistry, SaveFact, checkpoint_key
 from ckptwatch.detectors.regression import RegressionSettings, saver_window
 from ckptwatch.detectors.events import LOADING_KINDS, Ev, is_host_event
@@ -131,6 +131,9 @@ class Detector:
                                             windows=self.config.windows, saves=saves, events=events)
             for inc in found:
                 registry_changed |= self.registry.record_incident(inc)
+            for inc in integrity_incidents.evaluate(state, self.registry) if state.integrity else ():
+                registry_changed |= self.registry.record_incident(inc)
+                changed += self._emit(inc, wall)
             still_open = False
             for inc in found:
                 changed += self._emit(inc, wall)
@@ -199,7 +202,7 @@ class Detector:
         if inc.kind in resume_incidents.LOAD_INCIDENT_KINDS:
             by: dict = self._by_load
             key: tuple = (inc.job, inc.step, inc.checkpoint_path)
-        elif inc.kind == "poisoned_resume":
+        elif inc.kind in ("poisoned_resume", "corrupt_checkpoint"):  # one per checkpoint: the id is the key
             by, key = {}, ()
         else:
             by, key = self._by_save, (inc.job, inc.step)
