@@ -31,6 +31,7 @@ from ckptwatch.config import Config
 from ckptwatch.detectors.incident import DEFAULT_SEVERITY
 from ckptwatch.ingest import timestamps
 from ckptwatch.ingest.layout import TemplateError, compile_template
+from ckptwatch.integrity.cli import register as register_integrity
 from ckptwatch.pipeline import PipelineOptions, diagnose
 from ckptwatch.rules import RuleError, check_rule_files
 from ckptwatch.sinks import report
@@ -51,6 +52,7 @@ app.add_typer(rules_app, name="rules")
 silence_app = typer.Typer(no_args_is_help=True, help="Silences: mute alerts by job, kind or label until they "
                                                     "expire (the running pipeline picks them up at once).")
 app.add_typer(silence_app, name="silence")
+register_integrity(app)  # manifest, verify
 
 _err = Console(stderr=True, highlight=False)
 
