@@ -1,6 +1,6 @@
 """``corrupt_checkpoint`` (critical): a verification of a checkpoint's files (an ``integrity``
-event, from ckptwatch's own structured lines: ``guard_resume``, the save callbacks,
-``ckptwatch verify --log`` or a collector watching a checkpoint root) found it
+event, from ckptwatch's own structured lines: ``guard_resume``, the save callbacks, or
+a collector watching a checkpoint root) found it
 ``incomplete`` or ``corrupt``.
 
 One incident per checkpoint (its directory and step, :func:`~.checkpoints.checkpoint_key`),
