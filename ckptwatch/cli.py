@@ -56,6 +56,9 @@ register_integrity(app)  # manifest, verify
 
 _err = Console(stderr=True, highlight=False)
 
+CheckpointRootOpt = Annotated[list[str] | None, typer.Option(
+    "--checkpoint-root", help="Verify each new checkpoint directory under this one once it stops changing "
+    "(collect.verify_settle s); results reach the pipeline as integrity events (repeatable).")]
 TemplateOpt = Annotated[str | None, typer.Option("--path-template", help="Labels from paths, e.g. "
                                                   "'{job}/{host}/rank{rank}.log' (fields: job, host, rank, "
                                                   "local_rank, attempt; * matches within a path part).")]
@@ -149,6 +152,7 @@ def run_cmd(
     rules: RulesOpt = None,
     metrics_port: MetricsPortOpt = None,
     metrics_address: MetricsAddressOpt = None,
+    checkpoint_root: CheckpointRootOpt = None,
 ) -> None:
     """Tail a directory of logs and write events and incidents to DuckDB.
 
@@ -159,9 +163,12 @@ def run_cmd(
     if not os.path.isdir(logs):
         raise _fail(f"--logs {logs}: not a directory")
     cfg = _config(config, {"kafka": {"bootstrap_servers": kafka, "partitions": partitions},
-                           "collect": {"interval": interval},
+                           "collect": {"interval": interval, "checkpoint_roots": checkpoint_root or None},
                            "metrics": {"port": metrics_port, "address": metrics_address}}, need_kafka=False)
     options = _options(path_template, boot_time, rules)
+    # a relative verification log lives next to the database, like the run's other state
+    verify_log = os.path.join(os.path.dirname(os.path.abspath(db)), cfg.collect.verify_log)
+    cfg = dataclasses.replace(cfg, collect=dataclasses.replace(cfg.collect, verify_log=verify_log))
     metrics = _start_metrics(ctx, cfg)
     alerter = _alerter(cfg, db)
     if cfg.kafka.enabled:
@@ -181,13 +188,16 @@ def run_cmd(
         _alerts_done(built, once)
         return
     from ckptwatch.embedded import EmbeddedRunner
+    from ckptwatch.integrity.errors import IntegrityError
+    from ckptwatch.services.collect import checkpoint_watcher
 
     _sigterm_as_interrupt()
     try:
-        runner = EmbeddedRunner(logs, db, options, metrics=metrics, alerter=alerter)
+        runner = EmbeddedRunner(logs, db, options, metrics=metrics, alerter=alerter,
+                                checkpoints=checkpoint_watcher(cfg))
     except KeyboardInterrupt:
         return
-    except (RuleError, AlertConfigError, RedactionError) as e:
+    except (RuleError, AlertConfigError, RedactionError, IntegrityError) as e:
         raise _fail(str(e)) from None
     except duckdb.Error as e:
         raise _fail(f"--db {db}: {str(e).splitlines()[0]}") from None
@@ -284,6 +294,7 @@ def _serve(fn: Callable[[], T]) -> T | None:
     from kafka.errors import KafkaError
 
     from ckptwatch.ingest.checkpoint import CheckpointError
+    from ckptwatch.integrity.errors import IntegrityError
     from ckptwatch.kafka.admin import BrokerUnavailable
 
     _sigterm_as_interrupt()
@@ -292,7 +303,7 @@ def _serve(fn: Callable[[], T]) -> T | None:
         return fn()
     except KeyboardInterrupt:
         return None
-    except (RuleError, CheckpointError, BrokerUnavailable, config_mod.ConfigError) as e:
+    except (RuleError, CheckpointError, BrokerUnavailable, config_mod.ConfigError, IntegrityError) as e:
         raise _fail(str(e)) from None
     except KafkaError as e:  # refused by the broker: authorization, bad topic config, ...
         raise _fail(f"Kafka: {e}") from None
@@ -315,13 +326,15 @@ def collect_cmd(
     rules: RulesOpt = None,
     metrics_port: MetricsPortOpt = None,
     metrics_address: MetricsAddressOpt = None,
+    checkpoint_root: CheckpointRootOpt = None,
 ) -> None:
     """Fleet collector: tail this host's logs, parse them, publish events to Kafka."""
     from ckptwatch.services import launch
 
     cfg = _config(config, {"kafka": {"bootstrap_servers": kafka, "partitions": partitions},
                            "collect": {"paths": paths or None, "checkpoint": checkpoint,
-                                       "path_template": path_template, "boot_time": boot_time},
+                                       "path_template": path_template, "boot_time": boot_time,
+                                       "checkpoint_roots": checkpoint_root or None},
                            "metrics": {"port": metrics_port, "address": metrics_address}}, need_kafka=True)
     if not cfg.collect.paths:
         raise _fail("nothing to collect: give paths, or paths in the config file's collect section")

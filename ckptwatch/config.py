@@ -19,6 +19,9 @@ File layout (every key optional; see ``examples/ckptwatch.toml``)::
     path_template = "{job}/rank{rank}.log"
     checkpoint = "ckptwatch-collect.json"  # durable source offsets (default: that, in the cwd)
     interval = 0.5                         # seconds between polls
+    checkpoint_roots = ["/ckpt/run-7"]     # verify each new checkpoint under these (integrity events)
+    verify_log = "ckptwatch-verify.log"    # its integrity lines, tailed with the logs
+    verify_settle = 30.0                   # seconds without a change before a checkpoint is verified
 
     [detect]
     group = "ckptwatch-detect"             # Kafka consumer group of the detectors
@@ -89,6 +92,9 @@ class CollectSettings:
     boot_time: str = ""
     checkpoint: str = ""  # empty: ckptwatch-collect.json (collect), <db>.collect.json (run --kafka)
     interval: float = 0.5
+    checkpoint_roots: list[str] = field(default_factory=list)  # verify new checkpoints under these
+    verify_log: str = "ckptwatch-verify.log"  # where their integrity lines go (tailed too)
+    verify_settle: float = 30.0  # seconds without a change before a checkpoint is verified
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from ckptwatch.detectors import Detector, Incident
 from ckptwatch.ingest.checkpoint import SourceCheckpoint
 from ckptwatch.ingest.watcher import SourceWatcher
+from ckptwatch.integrity.watch import CheckpointWatcher
 from ckptwatch.pipeline import PipelineOptions, extract_events
 from ckptwatch.rules import RuleSet
 from ckptwatch.services.loop import run_steps
@@ -37,7 +38,8 @@ class EmbeddedRunner:
 
     def __init__(self, logs_dir: str, db_path: str, options: PipelineOptions | None = None,
                  on_incident: Callable[[Incident], None] | None = None, *, metrics: Metrics | None = None,
-                 alerter: Callable[[Store, Metrics], Alerter] | None = None) -> None:
+                 alerter: Callable[[Store, Metrics], Alerter] | None = None,
+                 checkpoints: CheckpointWatcher | None = None) -> None:
         self.logs_dir = logs_dir
         self.metrics = metrics or Metrics()
         self.options = options or PipelineOptions()
@@ -49,7 +51,9 @@ class EmbeddedRunner:
         self._stored = {sid: SourceCheckpoint(sid, file or "", off, job, head or "")
                         for sid, file, off, job, head in self.store.sources()}
         db = os.path.abspath(db_path)
-        self.watcher = SourceWatcher([logs_dir], template=self.options.template, boot_time=self.options.boot_time,
+        self.checkpoints = checkpoints  # its verification log is tailed with the logs
+        extra = [str(checkpoints.log)] if checkpoints else []
+        self.watcher = SourceWatcher([logs_dir, *extra], template=self.options.template, boot_time=self.options.boot_time,
                                      committed=self._stored, exclude=lambda p: os.path.abspath(p) == db)
         self.stats = self.watcher.stats
         stored = self.store.events()
@@ -58,6 +62,8 @@ class EmbeddedRunner:
 
     def cycle(self, *, final: bool = False, now: dt.datetime | None = None) -> list[Incident]:
         """One pass: read, match, store, detect. Returns the incidents that changed."""
+        if self.checkpoints:
+            self.checkpoints.poll(wait=final)
         records = self.watcher.poll(final=final, now=now)
         events = extract_events(self.rules, records, self.stats)
         self.metrics.observe_ingest(self.stats, events)
@@ -105,5 +111,7 @@ class EmbeddedRunner:
         """Waits for alerts in flight, then closes the files and the database."""
         if self.alerter:
             self.alerter.close()
+        if self.checkpoints:
+            self.checkpoints.close()
         self.watcher.close()
         self.store.close()

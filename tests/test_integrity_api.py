@@ -5,7 +5,6 @@ wrapper, and the structured lines each prints, read back by the rules into the p
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest

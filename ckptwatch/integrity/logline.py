@@ -49,9 +49,14 @@ def format_line(event: str, path: str, *, step: int | None = None, rank: int | N
     return " ".join(parts)
 
 
-def emit_to_stderr(line: str, *, now: dt.datetime | None = None) -> None:
-    """Write ``<UTC time ISO 8601> <line>`` to stderr and flush it (torchrun's ``--tee``
-    and per-rank log files capture it with every other worker line)."""
+def stamped(line: str, now: dt.datetime | None = None) -> str:
+    """``<UTC time ISO 8601> <line>\\n``: the line as :func:`emit_to_stderr` writes it."""
     t = (now or dt.datetime.now(dt.timezone.utc)).astimezone(dt.timezone.utc)
-    sys.stderr.write(f"{t.strftime('%Y-%m-%dT%H:%M:%S.%f')}Z {line}\n")
+    return f"{t.strftime('%Y-%m-%dT%H:%M:%S.%f')}Z {line}\n"
+
+
+def emit_to_stderr(line: str, *, now: dt.datetime | None = None) -> None:
+    """Write :func:`stamped` ``line`` to stderr and flush it (torchrun's ``--tee`` and
+    per-rank log files capture it with every other worker line)."""
+    sys.stderr.write(stamped(line, now))
     sys.stderr.flush()

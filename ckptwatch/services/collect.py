@@ -27,6 +27,7 @@ from ckptwatch import failpoints
 from ckptwatch.config import Config
 from ckptwatch.detectors.events import is_host_event
 from ckptwatch.ingest.checkpoint import FileCheckpointer
+from ckptwatch.integrity.watch import CheckpointWatcher
 from ckptwatch.ingest.watcher import SourceWatcher
 from ckptwatch.kafka.admin import ensure_topics
 from ckptwatch.kafka.codec import encode_events
@@ -36,6 +37,12 @@ from ckptwatch.rules import RuleSet
 from ckptwatch.sinks.metrics import Metrics
 
 UNKNOWN_JOB = b"unknown"
+
+
+def checkpoint_watcher(config: Config) -> CheckpointWatcher | None:
+    """The watcher of ``collect.checkpoint_roots`` (None when there are none)."""
+    c = config.collect
+    return CheckpointWatcher(c.checkpoint_roots, c.verify_log, settle=c.verify_settle) if c.checkpoint_roots else None
 
 
 class Collector:
@@ -54,8 +61,10 @@ class Collector:
         self.rules = rules
         self.checkpointer = FileCheckpointer(config.collect.checkpoint)
         own = os.path.abspath(config.collect.checkpoint)
+        self.checkpoints = checkpoint_watcher(config)
+        extra = [str(self.checkpoints.log)] if self.checkpoints else []
         self.watcher = SourceWatcher(
-            config.collect.paths, template=template, boot_time=boot_time, committed=self.checkpointer.load(),
+            config.collect.paths + extra, template=template, boot_time=boot_time, committed=self.checkpointer.load(),
             exclude=lambda p: os.path.abspath(p).startswith(own),
         )
         self.stats = self.watcher.stats
@@ -83,6 +92,8 @@ class Collector:
     def step(self, *, final: bool = False, now: dt.datetime | None = None) -> int:
         """Read, match, publish, checkpoint. Returns the number of events published.
         ``final``: the files will not grow (``--once``): flush held-back lines too."""
+        if self.checkpoints:
+            self.checkpoints.poll(wait=final)
         records = self.watcher.poll(final=final, now=now)
         events = extract_events(self.rules, records, self.stats) if not records.is_empty() else pl.DataFrame()
         self.metrics.observe_ingest(self.stats, events)
@@ -95,5 +106,7 @@ class Collector:
         return events.height
 
     def close(self) -> None:
+        if self.checkpoints:
+            self.checkpoints.close()
         self.publisher.close()
         self.watcher.close()

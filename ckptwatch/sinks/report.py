@@ -63,7 +63,11 @@ def render_text(incidents: list[Incident], console: Console, stats: dict[str, An
                 console.print(f"               {escape(rc.note)}")
         console.print(f"  collateral   ranks {_ranks(inc.collateral)}")
         cs = inc.checkpoint_state
-        if cs:
+        if cs.get("verdict"):  # corrupt_checkpoint: what verification found
+            console.print(f"  files        {cs['verdict']}: {cs.get('problems')} problem(s) in {cs.get('files')} files "
+                          f"({cs.get('bytes')} bytes), manifest {'used' if cs.get('manifest') else 'none'}; "
+                          f"first: {escape(str(cs.get('detail') or '-'))}")
+        elif "expected_ranks" in cs:
             console.print(f"  shards       expected ranks {_ranks(cs.get('expected_ranks', []))}; finished: "
                           f"{_ranks(cs.get('finished', []))}; started, not finished: "
                           f"{_ranks(cs.get('started_not_finished', []))}; not started: {_ranks(cs.get('not_started', []))}")

@@ -1,0 +1,148 @@
+"""Watch checkpoint roots and verify each new checkpoint once it is complete.
+
+Used by ``ckptwatch collect`` / ``run`` with ``--checkpoint-root DIR``: every direct
+subdirectory of a root whose name carries a step (``checkpoint-40``, ``iter_0000040``,
+``global_step40``, ``step_40``) is a checkpoint. It is verified (:func:`ckptwatch.integrity.api.verify`)
+once *settled*: no file in it changed for ``settle`` seconds (a save in progress keeps
+writing; a torn save stays as it is). Its ``integrity`` line is appended to ``log`` (UTC
+time first), which the collector tails like any other log, so results reach the pipeline
+with the same no-loss / no-duplicate guarantees as log lines. A checkpoint is verified
+again only when its files change (count, total bytes or newest mtime).
+
+Verification runs on one background thread so tailing goes on while a large checkpoint
+is hashed. What was verified (path -> signature) is kept in ``<log>.state.json``, replaced
+atomically, so a restart does not verify everything again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+from ckptwatch.integrity.errors import IntegrityError
+from ckptwatch.integrity.logline import stamped
+from ckptwatch.integrity.manifest import step_from_name
+
+#: (number of files, total bytes, newest mtime in ns) of a checkpoint directory
+Signature = tuple[int, int, int]
+
+
+def signature(directory: Path) -> Signature | None:
+    """The :data:`Signature` of ``directory`` (None when it cannot be listed). Symlinks are
+    not followed."""
+    n = size = newest = 0
+    try:
+        for dirpath, _dirs, files in os.walk(directory):
+            for name in files:
+                try:
+                    st = os.lstat(os.path.join(dirpath, name))
+                except OSError:
+                    continue
+                n, size, newest = n + 1, size + st.st_size, max(newest, st.st_mtime_ns)
+    except OSError:
+        return None
+    return (n, size, newest)
+
+
+class CheckpointWatcher:
+    """Verifies settled checkpoints under ``roots`` and appends their ``integrity`` lines to
+    ``log``. ``settle`` in seconds. Call :meth:`poll` regularly; :meth:`close` waits for the
+    verification in progress.
+
+    Raises :class:`~ckptwatch.integrity.errors.IntegrityError` at start when ``log`` cannot
+    be created or its state file is damaged."""
+
+    def __init__(self, roots: list[str], log: str, *, settle: float = 30.0) -> None:
+        self.roots = [Path(r) for r in roots]
+        self.log = Path(log)
+        self.settle = settle
+        self.state_path = Path(f"{log}.state.json")
+        try:
+            self.log.touch(exist_ok=True)
+        except OSError as e:
+            raise IntegrityError(f"{log}: cannot create the verification log: {e.strerror or e}") from None
+        self.verified: dict[str, Signature] = self._load_state()
+        self._seen: dict[str, tuple[Signature, float]] = {}  # path -> (signature, monotonic time first seen so)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptwatch-verify")
+        self._running: dict[str, Future[None]] = {}
+        self._lock = threading.Lock()
+        self.errors: list[str] = []
+
+    def _load_state(self) -> dict[str, Signature]:
+        if not self.state_path.exists():
+            return {}
+        try:
+            doc = json.loads(self.state_path.read_text())
+            return {str(k): (int(v[0]), int(v[1]), int(v[2])) for k, v in doc["verified"].items()}
+        except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
+            raise IntegrityError(f"{self.state_path}: damaged state ({e}); delete it to verify every "
+                                 "checkpoint again") from None
+
+    def _save_state(self) -> None:
+        fd, tmp = tempfile.mkstemp(dir=self.state_path.parent or ".", prefix=".ckptwatch-verify-")
+        with os.fdopen(fd, "w") as f:
+            json.dump({"verified": {k: list(v) for k, v in sorted(self.verified.items())}}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.state_path)
+
+    def candidates(self) -> list[Path]:
+        """Checkpoint directories under the roots, sorted."""
+        out = []
+        for root in self.roots:
+            try:
+                out += [p for p in root.iterdir() if p.is_dir() and not p.is_symlink() and step_from_name(p.name) is not None]
+            except OSError:
+                continue  # a root that is not there yet
+        return sorted(out)
+
+    def poll(self, *, wait: bool = False) -> int:
+        """Start verifying each checkpoint that settled (``wait``: every checkpoint as it is
+        now, and wait for all to finish: ``--once``). Returns how many were started."""
+        now = time.monotonic()
+        started = 0
+        for path in self.candidates():
+            key = str(path)
+            sig = signature(path)
+            if sig is None or sig[0] == 0 or self.verified.get(key) == sig or key in self._running:
+                continue
+            first = self._seen.get(key)
+            if first is None or first[0] != sig:
+                self._seen[key] = (sig, now)
+                first = (sig, now)
+            if not wait and now - first[1] < self.settle:
+                continue
+            self._running[key] = self._pool.submit(self._verify, path, sig)
+            started += 1
+        if wait:
+            for fut in list(self._running.values()):
+                fut.result()
+        for key in [k for k, f in self._running.items() if f.done()]:
+            del self._running[key]
+        return started
+
+    def _verify(self, path: Path, sig: Signature) -> None:
+        from ckptwatch.integrity import api
+
+        try:
+            api.verify(path, emit=self._append)
+        except IntegrityError as e:  # vanished or unlistable since it was seen: say so, try again if it changes
+            self.errors.append(str(e))
+            return
+        with self._lock:
+            self.verified[str(path)] = sig
+            self._save_state()
+
+    def _append(self, line: str) -> None:
+        with self._lock, open(self.log, "a", encoding="utf-8") as f:
+            f.write(stamped(line))
+            f.flush()
+
+    def close(self) -> None:
+        """Wait for the verification in progress and stop the thread."""
+        self._pool.shutdown(wait=True)
