@@ -1,7 +1,10 @@
-"""Command line: ``ckptwatch diagnose | run | collect | detect | sink | rules check``.
+"""Command line: ``ckptwatch diagnose | run | collect | detect | sink | rules | silence |
+manifest | verify`` (the last two in :mod:`ckptwatch.integrity.cli`).
 
 Exit codes: ``diagnose`` 0 with no incident, 1 with at least one, 2 on a usage or input
-error; ``rules check`` 0 when every rule is sound, 1 otherwise, 2 on usage error.
+error; ``rules check`` 0 when every rule is sound, 1 otherwise, 2 on usage error;
+``verify`` 0 ok, 1 a problem, 2 usage error; ``manifest`` 0 written, 1 written but a
+structural check already fails, 2 not written; ``manifest diff`` 0 same, 1 differ, 2 usage.
 ``run``, ``collect``, ``detect`` and ``sink`` exit 0 when stopped (Ctrl-C, SIGTERM) or idle
 (``--until-idle``), 2 on a usage, config or input error; ``run --once`` exits 3 when an
 alert was not delivered (rejected, given up, or still queued for the next run).
