@@ -83,7 +83,7 @@ class EmbeddedRunner:
                 self.on_incident(inc)
         self.stats.duplicate_events = self.detector.stats.duplicates
         self.metrics.observe_incidents(changed)
-        self.metrics.observe_detectors([self.detector], now, force=final)
+        self.metrics.observe_detectors([self.detector], now)
         return changed
 
     def run(self, *, once: bool = False, interval: float = 1.0, until_idle: float | None = None,

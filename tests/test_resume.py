@@ -117,3 +117,56 @@ def test_ordinary_noise_never_alerts():
         before = [base + rng.gauss(0, noise) for _ in range(5)]
         after = [(41 + i, base * 0.99 + rng.gauss(0, noise)) for i in range(5)]
         assert judge(before, after, RegressionSettings()) is None, (trial, before, after)
+
+
+def _unfinished_save_then_resume():
+    """job-a: 20 saved; 40 started by 4 ranks at 10 s, ended by ranks 0, 1, 3 at 12 s.
+    job-b loads 40 at 14 s. Rank 2's end of save is held back (a late host)."""
+    events = world(job="job-a") + [dict(e, job="job-a") for e in
+                                   saves(20, 1) + saves(20, 2, end=True) + saves(40, 10) + saves(40, 12, [0, 1, 3], end=True)]
+    return events + world(job="job-b") + load("job-b", 40, 14)
+
+
+def _at(d, sec):
+    import datetime as dt
+
+    from test_cause import T0
+
+    return d.advance(now=T0 + dt.timedelta(seconds=sec))
+
+
+def _stream(d, events, sec):
+    import datetime as dt
+
+    from test_cause import T0
+
+    d.process(events, now=T0 + dt.timedelta(seconds=sec))
+
+
+def test_resume_from_a_save_never_seen_to_finish_is_poisoned_once_the_watermark_passes_it():
+    d = Detector()
+    _stream(d, _unfinished_save_then_resume(), 14)
+    assert [i.kind for i in _at(d, 14)] == []  # watermark 9 s: rank 2's end may still come
+    (p,) = [i for i in _at(d, 20) if i.kind == "poisoned_resume"]  # watermark 15 s, past the resume
+    assert (p.job, p.step, p.status, p.checkpoint_path) == ("job-b", 40, "open", "/c/step_40")
+    assert p.checkpoint_state == {"reason": "never_finished", "saved_by": "job-a", "missing_ranks": [2],
+                                  "loaded_path": "/c/step_40"}
+    assert p.last_good_checkpoint == {"step": 20, "path": "/c/step_20"}
+    assert "never seen to finish on every rank (no end of save from rank(s) 2)" in p.remediation
+
+    # the late host's line shows the save did finish: the page is taken back
+    _stream(d, [dict(e, job="job-a") for e in saves(40, 12.5, [2], end=True)], 21)
+    (again,) = [i for i in _at(d, 21) if i.kind == "poisoned_resume"]
+    assert (again.id, again.status) == (p.id, "resolved")
+
+
+def test_a_never_finished_resume_names_the_save_incident_once_it_settles():
+    d = Detector()
+    crash = [ev("process_exit", 13, pid=102, exitcode=-9, reporter="agent", job="job-a")]
+    _stream(d, _unfinished_save_then_resume() + crash, 14)
+    (p,) = [i for i in _at(d, 20) if i.kind == "poisoned_resume"]
+    assert p.checkpoint_state["reason"] == "never_finished"
+    later = _at(d, 60)  # 30 s of settle past the failure: the interrupted save is concluded
+    bad = next(i for i in later if i.kind == "interrupted_save")
+    (p2,) = [i for i in later if i.kind == "poisoned_resume"]
+    assert (p2.id, p2.status, p2.checkpoint_state["marked_bad_by"]) == (p.id, "open", bad.id)

@@ -60,13 +60,15 @@ class SaveFact:
     first_ts: dt.datetime | None
     world_size: int | None
     losses: tuple[tuple[dt.datetime, int, float], ...] = ()
+    #: expected ranks with no end of this save (empty when complete)
+    missing: tuple[int, ...] = ()
 
 
 def _comparable(fact: SaveFact) -> tuple:
     """``fact`` as a tuple in which a NaN loss equals another NaN (a fact read back from the
     saves topic must compare equal to the one written)."""
     losses = tuple((ts, s, v if v == v else "nan") for ts, s, v in fact.losses)
-    return (fact.job, fact.step, fact.path, fact.complete, fact.first_ts, fact.world_size, losses)
+    return (fact.job, fact.step, fact.path, fact.complete, fact.first_ts, fact.world_size, losses, fact.missing)
 
 
 @dataclass

@@ -1,10 +1,14 @@
 """Resume incidents: what happens when a job loads a checkpoint.
 
-* ``poisoned_resume`` (critical): a job loads a checkpoint that a save incident marked
-  not-good (see :class:`~.checkpoints.CheckpointRegistry`), named by a resume line of any
-  trainer (``load_start`` / ``resume`` events). It is reported at once, without waiting for
-  the watermark: the resume line is the whole evidence needed. It names the bad
-  checkpoint, the incident that made it bad and the last good checkpoint instead.
+* ``poisoned_resume`` (critical): a job loads a checkpoint that a save incident or a failed
+  verification marked not-good (see :class:`~.checkpoints.CheckpointRegistry`), named by a
+  resume line of any trainer (``load_start`` / ``resume`` events). It is reported at once,
+  without waiting for the watermark: the resume line is the whole evidence needed. It
+  names the bad checkpoint, the incident that made it bad and the last good checkpoint
+  instead. A load of a save that was seen to start but never seen to finish on every
+  rank is poisoned too, once the watermark passes the resume (late lines of the save had
+  their chance); should later lines show the save finished after all, the incident is
+  resolved. When the save incident comes, the poisoned resume names it.
 * ``world_size_mismatch`` (error): the load failed and the world size is the reason: a
   fingerprint says so (DeepSpeed's "DP world size of 8 but the current world size is 4",
   a DTensor copied between different ``DeviceMesh`` sizes), or the job's world size
@@ -17,6 +21,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import re
 from dataclasses import dataclass, field
@@ -131,16 +136,24 @@ def _mesh_size(dims: str) -> int:
 
 
 def evaluate(state: JobState, registry: CheckpointRegistry,
-             settings: regression.RegressionSettings = regression.RegressionSettings()) -> list[Incident]:
-    """The job's resume incidents as of the events it has (no watermark needed)."""
+             settings: regression.RegressionSettings = regression.RegressionSettings(),
+             *, wm: dt.datetime | None = None) -> tuple[list[Incident], bool]:
+    """The job's resume incidents as of the events it has, and whether a load waits for the
+    watermark ``wm`` (UTC; None: nothing past it yet) to judge a save not seen to finish."""
     events = sorted(state.loading, key=lambda e: (e.ts, e.source_id, e.offset))
     loads = loads_of(events)
     out: list[Incident] = []
+    waiting = False
     for ld in loads:
         bad, save = registry.verdict(ld.key, ld.first_ts)
         if bad is None:
             if save is not None and save.complete:
                 out += _regression(state, ld, save, settings)
+            elif save is not None and save.first_ts is not None and save.first_ts < ld.first_ts:
+                if wm is not None and wm >= ld.first_ts:
+                    out.append(_unfinished(state, registry, ld, save))
+                else:
+                    waiting = True
             continue
         last_good = bad.last_good_checkpoint  # as the save incident said: the same in every mode
         context = [(e, "resume") for e in ld.events]
@@ -158,7 +171,24 @@ def evaluate(state: JobState, registry: CheckpointRegistry,
     errors = [e for e in events if e.kind == "load_error"]
     for key, errs in _group_errors(errors, loads).items():
         out.append(_load_incident(state, registry, key, errs, loads))
-    return out
+    return out, waiting
+
+
+def _unfinished(state: JobState, registry: CheckpointRegistry, ld: Load, save: SaveFact) -> Incident:
+    """``poisoned_resume`` of a save seen to start and never seen to finish on every rank."""
+    last_good = registry.last_good(ld.key, ld.first_ts)
+    ranks = ", ".join(map(str, save.missing)) or "?"
+    path = save.path or ld.path
+    return Incident(
+        kind="poisoned_resume", job=state.job, step=ld.key[1], checkpoint_path=path, root_cause=None, collateral=[],
+        checkpoint_state={"reason": "never_finished", "saved_by": save.job, "missing_ranks": list(save.missing),
+                          "loaded_path": ld.path},
+        last_good_checkpoint=last_good,
+        remediation=(f"Stop this job: it loads step {ld.key[1]} ({path}), whose save by job {save.job} was never seen "
+                     f"to finish on every rank (no end of save from rank(s) {ranks}). {_resume_from(last_good)} "
+                     "Verify a checkpoint with `ckptwatch verify` before resuming from it."),
+        first_ts=ld.first_ts, evidence=state.evidence([(e, "resume") for e in ld.events]),
+    )
 
 
 def _regression(state: JobState, ld: Load, save: SaveFact, settings: regression.RegressionSettings) -> list[Incident]:

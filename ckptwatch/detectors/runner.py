@@ -63,6 +63,7 @@ class Detector:
         self._loads_dirty: set[str] = set()
         # facts of our own saves not yet taken by take_save_facts, by checkpoint (bounded like the registry)
         self._new_saves: dict[tuple[str | None, int | None], SaveFact] = {}
+        self._open_saves: dict[str, int] = {}  # job -> its open saves at its last evaluation
 
     def process(self, rows: Iterable[dict[str, Any]], *, now: dt.datetime | None = None) -> None:
         """Take events (dicts with EVENT_SCHEMA keys, e.g. ``df.iter_rows(named=True)``)."""
@@ -123,7 +124,7 @@ class Detector:
             saves = saves_of(state, events)
             for s in saves.values():
                 fact = SaveFact(job, s.step, s.path, s.complete, s.first_ts, state.world_size,
-                                saver_window(state.losses, s.step, self.config.regression.k))
+                                saver_window(state.losses, s.step, self.config.regression.k), tuple(s.missing))
                 if self.registry.record_save(fact):
                     registry_changed = True
                     self._new_saves[checkpoint_key(fact.path, fact.step)] = fact
@@ -139,17 +140,24 @@ class Detector:
                 changed += self._emit(inc, wall)
                 still_open = still_open or inc.kind == "stalled_save"
             changed += self._finished_stalls(job, {i.id for i in found})
-            if not final and (still_open or self._has_open_save(state, found)):
+            concluded = {i.step for i in found if i.kind != "stalled_save"}
+            self._open_saves[job] = sum(1 for s in saves.values() if not s.complete and s.step not in concluded)
+            if not final and (still_open or self._open_saves[job]):
                 continue  # keep evaluating as the watermark moves
             self._dirty.discard(job)
         for inc in changed:
             if inc.status == "superseded":
                 self.registry.record_incident(inc)
         # resumes after saves: a load is judged by what is known of its checkpoint, whichever job wrote it
+        waiting: set[str] = set()
         for job in sorted(self._loading if (registry_changed or final) else self._loads_dirty):
-            for inc in resume_incidents.evaluate(self.jobs[job], self.registry, self.config.regression):
+            found, wait = resume_incidents.evaluate(self.jobs[job], self.registry, self.config.regression, wm=wm)
+            for inc in found:
                 changed += self._emit(inc, wall)
-        self._loads_dirty.clear()
+            changed += self._retracted(job, "poisoned_resume", {i.id for i in found})
+            if wait:
+                waiting.add(job)  # a load of a save not finished yet: judged once the watermark passes it
+        self._loads_dirty = waiting
         return changed
 
     def learn(self, incidents: Iterable[Incident]) -> None:
@@ -181,20 +189,19 @@ class Detector:
     def _finished_stalls(self, job: str, found: set[str]) -> list[Incident]:
         """Open ``stalled_save`` incidents of ``job`` that evaluation no longer reports: their
         save finished after all. They become ``resolved``."""
+        return self._retracted(job, "stalled_save", found)
+
+    def _retracted(self, job: str, kind: str, found: set[str]) -> list[Incident]:
+        """Open incidents of ``kind`` and ``job`` that evaluation no longer reports (a stalled
+        save that finished; a resume from a save that late lines showed finished after all)
+        become ``resolved``."""
         out = []
         for iid, (_, inc) in list(self._emitted.items()):
-            if inc.job == job and inc.kind == "stalled_save" and inc.status == "open" and iid not in found:
+            if inc.job == job and inc.kind == kind and inc.status == "open" and iid not in found:
                 inc.status = "resolved"
                 self._emitted[iid] = (inc.fingerprint(), inc)
                 out.append(inc)
         return out
-
-    @staticmethod
-    def _has_open_save(state: JobState, found: list[Incident]) -> bool:
-        concluded = {i.step for i in found}
-        starts = {e.step for e in state.events.values() if e.kind == "save_start"}
-        ends = {e.step for e in state.events.values() if e.kind == "save_end"}
-        return bool(starts - ends - concluded)
 
     def _emit(self, inc: Incident, wall: dt.datetime) -> list[Incident]:
         out: list[Incident] = []
@@ -223,18 +230,11 @@ class Detector:
         return out
 
     def open_saves(self) -> int:
-        """Saves (one per job and step) started and not concluded yet, over every job: no
-        ``save_end`` for the step and no incident other than ``stalled_save`` about it (a
-        stalled save may still finish). The same notion of "open" that keeps a job under
-        evaluation in :meth:`advance`. Costs one pass over the events held."""
-        concluded = {key for key, iid in self._by_save.items()
-                     if iid in self._emitted and self._emitted[iid][1].kind != "stalled_save"}
-        n = 0
-        for job, state in self.jobs.items():
-            starts = {e.step for e in state.events.values() if e.kind == "save_start"}
-            ends = {e.step for e in state.events.values() if e.kind == "save_end"}
-            n += sum(1 for step in starts - ends if (job, step) not in concluded)
-        return n
+        """Saves (one per job and step) not finished on every expected rank and not concluded
+        by an incident other than ``stalled_save`` (a stalled save may still finish), over
+        every job, as of the last :meth:`advance`: what keeps a job under evaluation as the
+        watermark moves."""
+        return sum(self._open_saves.values())
 
     def incidents(self) -> list[Incident]:
         """Every incident emitted so far (latest version), by first_ts."""

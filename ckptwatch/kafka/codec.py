@@ -85,7 +85,7 @@ def encode_save_fact(fact: SaveFact) -> bytes:
     return json.dumps({
         "job": fact.job, "step": fact.step, "path": fact.path, "complete": fact.complete,
         "first_ts": fact.first_ts.isoformat() if fact.first_ts else None, "world_size": fact.world_size,
-        "losses": [[ts.isoformat(), s, v] for ts, s, v in fact.losses],
+        "losses": [[ts.isoformat(), s, v] for ts, s, v in fact.losses], "missing": list(fact.missing),
     }).encode()
 
 
@@ -99,6 +99,7 @@ def decode_save_fact(value: bytes) -> SaveFact:
             first_ts=dt.datetime.fromisoformat(first) if first else None,
             world_size=None if d["world_size"] is None else int(d["world_size"]),
             losses=tuple((dt.datetime.fromisoformat(ts), int(s), float(v)) for ts, s, v in d["losses"]),
+            missing=tuple(int(r) for r in d.get("missing", ())),
         )
     except KeyError as e:
         raise DecodeError(f"not a ckptwatch save fact: no field {e}") from None

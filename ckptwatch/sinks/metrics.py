@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-import time
 from collections.abc import Iterable, Mapping
 
 import polars as pl
@@ -73,14 +72,11 @@ SOURCE_KINDS = ("console", "worker", "kernel", "log")
 
 class Metrics:
     """The metrics of one process, in :attr:`registry`. ``job_label``: add the job id as a
-    label of ``ckptwatch_incidents_total`` (off by default: job ids are unbounded).
-    ``open_saves_every``: seconds between two counts of open saves (each is one pass over
-    the events the detectors hold, too much for every step of a backlog)."""
+    label of ``ckptwatch_incidents_total`` (off by default: job ids are unbounded)."""
 
-    def __init__(self, *, job_label: bool = False, open_saves_every: float = 1.0) -> None:
+    def __init__(self, *, job_label: bool = False) -> None:
         self.registry = CollectorRegistry()
         self.job_label = job_label
-        self.open_saves_every = open_saves_every
         r = self.registry
         self.lines = Counter("ckptwatch_lines_ingested", "Log lines read, by source kind.", ["source_kind"],
                              registry=r)
@@ -110,7 +106,6 @@ class Metrics:
         self.detector_lag.set(math.nan)
         self._seen: dict[tuple[str, str], int] = {}  # (counter, label) -> cumulative value counted so far
         self._incident_ids: set[str] = set()
-        self._open_saves_at: float | None = None  # time.monotonic() of the last count
 
     # -- ingest ------------------------------------------------------------------------------
     def _delta(self, counter: Counter, family: str, cumulative: Mapping[str, int]) -> None:
@@ -150,12 +145,10 @@ class Metrics:
             n += 1
         return n
 
-    def observe_detectors(self, detectors: Iterable[Detector], now: dt.datetime | None = None, *,
-                          force: bool = False) -> None:
+    def observe_detectors(self, detectors: Iterable[Detector], now: dt.datetime | None = None) -> None:
         """Detector lag (seconds; the most behind of ``detectors``, NaN when none has seen an
         event) at wall time ``now`` (UTC; default: the clock), and open saves (summed over
-        ``detectors``) when ``open_saves_every`` seconds passed since the last count, or
-        ``force`` (a final cycle)."""
+        ``detectors``, as of their last advance)."""
         now = now or dt.datetime.now(dt.timezone.utc)
         detectors = list(detectors)
         lag = math.nan
@@ -165,10 +158,7 @@ class Metrics:
                 behind = (now - wm).total_seconds()
                 lag = behind if math.isnan(lag) else max(lag, behind)
         self.detector_lag.set(lag)
-        clock = time.monotonic()
-        if force or self._open_saves_at is None or clock - self._open_saves_at >= self.open_saves_every:
-            self.open_saves.set(sum(det.open_saves() for det in detectors))
-            self._open_saves_at = clock
+        self.open_saves.set(sum(det.open_saves() for det in detectors))
 
     def set_consumer_lag(self, group: str, lag: Mapping[str, int]) -> None:
         """Records waiting per topic for a member of consumer ``group`` (see
