@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from integrity_support import CHECKPOINT, DELETED, SHARD, copy_checkpoint, flip_middle_byte, truncate_half
 
-from ckptwatch.integrity import manifest as manifest_mod
+from ckptwatch import atomic
 from ckptwatch.integrity.errors import IntegrityError, ManifestError
 from ckptwatch.integrity.hashing import hash_file, hash_files
 from ckptwatch.integrity.manifest import (MANIFEST_NAME, ManifestFile, create_manifest, diff, infer_world_size,
@@ -152,7 +152,7 @@ def test_manifest_is_whole_or_absent_when_writing_fails(ckpt, monkeypatch, fail_
     def attempt() -> None:
         with monkeypatch.context() as mp:
             if fail_at == "write":
-                mp.setattr(manifest_mod, "_write_all", enospc)
+                mp.setattr(atomic, "write_bytes", enospc)
             else:
                 mp.setattr(os, fail_at, enospc)
             with pytest.raises(ManifestError, match=f"{MANIFEST_NAME}: cannot write the manifest: No space left"):

@@ -14,9 +14,10 @@ Which entries to keep is the caller's business (:meth:`ckptwatch.ingest.watcher.
 
 from __future__ import annotations
 
+from ckptwatch import atomic
+
 import json
 import os
-import tempfile
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
@@ -107,27 +108,9 @@ class FileCheckpointer:
         """
         doc = {"version": FORMAT_VERSION,
                "sources": [asdict(e) for e in sorted(entries, key=lambda e: (e.path, e.source_id))]}
-        directory = os.path.dirname(os.path.abspath(self.path))
-        tmp = None
         try:
             # named after the file (and ending in .tmp) so that log discovery passes it over
-            fd, tmp = tempfile.mkstemp(prefix=os.path.basename(self.path) + ".", suffix=".tmp", dir=directory)
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(doc, f, indent=1)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-            tmp = None
-            dir_fd = os.open(directory, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+            atomic.replace_file(self.path, json.dumps(doc, indent=1).encode("utf-8"),
+                                tmp_prefix=os.path.basename(self.path) + ".")
         except OSError as e:
             raise CheckpointError(f"checkpoint file {self.path}: cannot write: {e.strerror or e}") from None
-        finally:
-            if tmp is not None:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass

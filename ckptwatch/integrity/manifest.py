@@ -26,11 +26,12 @@ previous manifest stays whole until the new one replaces it.
 
 from __future__ import annotations
 
+from ckptwatch import atomic
+
 import datetime as dt
 import json
 import os
 import re
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -203,14 +204,6 @@ def read_manifest(path: str | os.PathLike[str]) -> Manifest:
     return Manifest.from_json(doc, str(p))
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    """Write every byte of ``data`` to ``fd`` (the seam where tests inject a failing write)."""
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        view = view[n:]
-
-
 def write_manifest(directory: str | os.PathLike[str], manifest: Manifest) -> Path:
     """Write ``manifest`` as ``directory/ckptwatch-manifest.json``, atomically; returns its path.
 
@@ -222,30 +215,10 @@ def write_manifest(directory: str | os.PathLike[str], manifest: Manifest) -> Pat
     d = Path(directory)
     target = manifest_path(d)
     data = (json.dumps(manifest.to_json(), indent=1, sort_keys=False) + "\n").encode("utf-8")
-    tmp: str | None = None
     try:
-        fd, tmp = tempfile.mkstemp(prefix=_TMP_PREFIX, suffix=".tmp", dir=d)
-        try:
-            os.fchmod(fd, 0o644)
-            _write_all(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, target)
-        tmp = None
-        dir_fd = os.open(d, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        atomic.replace_file(target, data, tmp_prefix=_TMP_PREFIX, mode=0o644)
     except OSError as e:
         raise ManifestError(f"{target}: cannot write the manifest: {e.strerror or e}") from None
-    finally:
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
     return target
 
 

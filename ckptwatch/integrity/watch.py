@@ -16,9 +16,10 @@ atomically, so a restart does not verify everything again.
 
 from __future__ import annotations
 
+from ckptwatch import atomic
+
 import json
 import os
-import tempfile
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -84,12 +85,8 @@ class CheckpointWatcher:
                                  "checkpoint again") from None
 
     def _save_state(self) -> None:
-        fd, tmp = tempfile.mkstemp(dir=self.state_path.parent or ".", prefix=".ckptwatch-verify-")
-        with os.fdopen(fd, "w") as f:
-            json.dump({"verified": {k: list(v) for k, v in sorted(self.verified.items())}}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.state_path)
+        doc = {"verified": {k: list(v) for k, v in sorted(self.verified.items())}}
+        atomic.replace_file(self.state_path, json.dumps(doc).encode())
 
     def candidates(self) -> list[Path]:
         """Checkpoint directories under the roots, sorted."""

@@ -13,13 +13,14 @@ File format: ``{"silences": [{"id", "matchers": {label: glob}, "expires", "creat
 
 from __future__ import annotations
 
+from ckptwatch import atomic
+
 import contextlib
 import datetime as dt
 import fcntl
 import json
 import os
 import secrets
-import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -131,18 +132,8 @@ class SilenceFile:
             self._write(items)
 
     def _write(self, items: list[Silence]) -> None:
-        directory = os.path.dirname(os.path.abspath(self.path))
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".silences.")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump({"silences": [s.to_dict() for s in items]}, f, indent=1)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        atomic.replace_file(self.path, json.dumps({"silences": [s.to_dict() for s in items]}, indent=1).encode(),
+                            tmp_prefix=".silences.")
 
     def add(self, matchers: dict[str, str], expires: dt.datetime, comment: str = "",
             now: dt.datetime | None = None) -> Silence:
