@@ -4,6 +4,7 @@ corrupt_checkpoint incident, embedded and through the real broker."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import duckdb
@@ -23,14 +24,12 @@ def test_verified_once_settled_once_per_content_and_not_again_after_restart(tmp_
     ckpt = copy_checkpoint(root / "checkpoint-60")
     (root / "not-a-checkpoint").mkdir()  # no step in its name: ignored
     log = tmp_path / "verify.log"
-    w = CheckpointWatcher([str(root)], str(log), settle=1.0)
-    assert w.poll() == 0  # just seen: maybe still being written
-    time.sleep(0.3)
-    (ckpt / "trainer_state.json").write_text('{"global_step": 60}')  # still changing
-    time.sleep(0.8)
-    assert w.poll() == 0  # changed 0.8 s ago: not settled
-    time.sleep(1.1)
-    assert w.poll(wait=False) == 1
+    w = CheckpointWatcher([str(root)], str(log), settle=30.0)
+    (ckpt / "trainer_state.json").write_text('{"global_step": 60}')  # being written just now
+    t = time.time()
+    assert w.poll(wait=True, now=t) == 0  # modified 0 s ago: maybe a save in progress
+    assert w.poll(wait=True, now=t + 29) == 0
+    assert w.poll(wait=True, now=t + 31) == 1  # nothing changed for 30 s: settled
     w.close()
     lines = integrity_lines(log)
     assert len(lines) == 1 and lines[0].startswith("event=integrity step=60 verdict=ok files=15 ")
@@ -57,6 +56,9 @@ def _damaged_roots(tmp_path):
     root = tmp_path / "ckpt"
     copy_checkpoint(root / "checkpoint-40")  # whole
     (copy_checkpoint(root / "checkpoint-60") / DELETED).unlink()
+    hour_ago = time.time() - 3600  # saved a while ago: settled whatever the checkout's mtimes
+    for f in root.rglob("*"):
+        os.utime(f, (hour_ago, hour_ago))
     logs = tmp_path / "logs"
     logs.mkdir()
     return root, logs
@@ -73,9 +75,15 @@ def _stored(db) -> list[tuple]:
 def test_run_once_with_checkpoint_root_reports_the_incomplete_one(tmp_path):
     root, logs = _damaged_roots(tmp_path)
     db = tmp_path / "i.duckdb"
-    out, err = finish(ckptwatch(["run", "--logs", str(logs), "--db", str(db), "--once", "--checkpoint-root", str(root)],
-                                cli_env(fresh_config("", tmp_path))))
+    out, err = finish(ckptwatch(["run", "--logs", str(logs), "--db", str(db), "--once", "--checkpoint-root", "ckpt"],
+                                cli_env(fresh_config("", tmp_path)), cwd=tmp_path))  # a relative root: absolute paths
     assert _stored(db) == [("corrupt_checkpoint", 60, str(root / "checkpoint-60"), "open")]
+    con = duckdb.connect(str(db), read_only=True)
+    try:  # checkpoint-40 was verified ok: the way out
+        assert con.execute("SELECT last_good_step, last_good_path FROM incidents").fetchall() == \
+            [(40, str(root / "checkpoint-40"))]
+    finally:
+        con.close()
     assert f"{DELETED}: missing" in out
     lines = integrity_lines(tmp_path / "ckptwatch-verify.log")  # next to the database
     assert sorted(x.split(" verdict=")[1].split(" ")[0] for x in lines) == ["incomplete", "ok"]

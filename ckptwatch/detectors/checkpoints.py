@@ -79,6 +79,8 @@ class CheckpointRegistry:
 
     saves: dict[CheckpointKey, SaveFact] = field(default_factory=dict)
     bad: dict[CheckpointKey, Incident] = field(default_factory=dict)
+    #: checkpoints a verification found ``ok`` (path as verified): good, whatever the logs saw of their save
+    verified: dict[CheckpointKey, str | None] = field(default_factory=dict)
 
     def record_save(self, fact: SaveFact) -> bool:
         """Remember a save (a later one of the same key replaces it); True if that changed
@@ -106,18 +108,27 @@ class CheckpointRegistry:
         self.bad[key] = inc
         return old is None or old.id != inc.id or old.fingerprint() != inc.fingerprint()
 
+    def record_verified(self, key: CheckpointKey, path: str | None) -> bool:
+        """Remember that a verification found ``key`` ok; True if that is new."""
+        if key in self.verified:
+            return False
+        self.verified[key] = path
+        return True
+
     def last_good(self, key: CheckpointKey, at: dt.datetime) -> dict | None:
-        """``{"step", "path"}`` of the newest save under the same root as ``key``, at an
-        earlier step, complete, begun before ``at`` (UTC) and not marked bad; else None."""
+        """``{"step", "path"}`` of the newest checkpoint under the same root as ``key``, at an
+        earlier step, not marked bad, and either saved completely (begun before ``at``, UTC)
+        or verified ok; else None."""
         root, step = key
-        best: SaveFact | None = None
+        good: dict[int, str | None] = {s: p for (r, s), p in self.verified.items() if r == root and s is not None}
         for (r, s), fact in self.saves.items():
-            if (r != root or s is None or step is None or s >= step or not fact.complete
-                    or fact.first_ts is None or fact.first_ts >= at or (r, s) in self.bad):
-                continue
-            if best is None or s > best.step:
-                best = fact
-        return {"step": best.step, "path": best.path} if best else None
+            if r == root and s is not None and fact.complete and fact.first_ts is not None and fact.first_ts < at:
+                good[s] = fact.path
+        earlier = [s for s in good if step is not None and s < step and (root, s) not in self.bad]
+        if not earlier:
+            return None
+        best = max(earlier)
+        return {"step": best, "path": good[best]}
 
     def verdict(self, key: CheckpointKey, at: dt.datetime) -> tuple[Incident | None, SaveFact | None]:
         """(the incident that marked ``key`` not-good, the save seen for it), either None, as

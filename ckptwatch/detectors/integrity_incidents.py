@@ -26,6 +26,9 @@ def evaluate(state: JobState, registry: CheckpointRegistry) -> list[Incident]:
     by_key: dict[CheckpointKey, list[Ev]] = {}
     for ev in sorted(state.integrity, key=lambda e: (e.ts, e.source_id, e.offset)):
         by_key.setdefault(checkpoint_key(ev.path, ev.step), []).append(ev)
+    for key, evs in by_key.items():
+        if evs[-1].attrs.get("verdict") == "ok":
+            registry.record_verified(key, evs[-1].path)  # a good checkpoint to fall back to
     out = []
     for key, evs in by_key.items():
         bad = [e for e in evs if e.attrs.get("verdict") in BAD_VERDICTS]

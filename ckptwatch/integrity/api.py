@@ -81,7 +81,7 @@ def write_manifest(directory: str | os.PathLike[str], *, step: int | None = None
     Returns the manifest. Raises :class:`~ckptwatch.integrity.errors.IntegrityError` when the
     directory cannot be listed or a file could not be hashed (a manifest only vouches for
     stable bytes)."""
-    root = Path(directory)
+    root = Path(directory).absolute()  # the pipeline matches checkpoints by path: relative ones would not meet
     rank, world_size = _who(rank, world_size)
     m, s = manifest_mod.create_manifest(root, world_size=world_size, step=step)
     verdicts: list[Verdict] = [sc.check.verdict for sc in s.files.values() if sc.check.checked]
@@ -102,7 +102,7 @@ def verify(directory: str | os.PathLike[str], *, manifest: str | os.PathLike[str
 
     Raises :class:`~ckptwatch.integrity.errors.IntegrityError` when the directory cannot be
     listed; problems inside it are in the report."""
-    report = verify_mod.verify(directory, manifest=manifest)
+    report = verify_mod.verify(Path(directory).absolute(), manifest=manifest)
     rank, world_size = _who(rank, None)
     m = report.manifest
     step = m.step if m is not None and m.step is not None else step_from_name(Path(directory).name)
@@ -173,7 +173,7 @@ def dcp_save(state_dict: Mapping[str, Any], checkpoint_id: str | os.PathLike[str
     interrupted save looks like in the logs."""
     out = emit or emit_to_stderr
     rank, world_size = _who(rank, world_size)
-    path = str(checkpoint_id)
+    path = str(Path(checkpoint_id).absolute())
     step = step if step is not None else step_from_name(Path(path).name)
     if save is None:
         from torch.distributed.checkpoint import save  # type: ignore[import-not-found, no-redef]

@@ -3,8 +3,9 @@
 Used by ``ckptwatch collect`` / ``run`` with ``--checkpoint-root DIR``: every direct
 subdirectory of a root whose name carries a step (``checkpoint-40``, ``iter_0000040``,
 ``global_step40``, ``step_40``) is a checkpoint. It is verified (:func:`ckptwatch.integrity.api.verify`)
-once *settled*: no file in it changed for ``settle`` seconds (a save in progress keeps
-writing; a torn save stays as it is). Its ``integrity`` line is appended to ``log`` (UTC
+once *settled*: no file in it was modified in the last ``settle`` seconds, by its files'
+mtimes (a save in progress keeps writing; a torn save stays as it is), also with
+``--once``. Its ``integrity`` line is appended to ``log`` (UTC
 time first), which the collector tails like any other log, so results reach the pipeline
 with the same no-loss / no-duplicate guarantees as log lines. A checkpoint is verified
 again only when its files change (count, total bytes or newest mtime).
@@ -68,7 +69,6 @@ class CheckpointWatcher:
         except OSError as e:
             raise IntegrityError(f"{log}: cannot create the verification log: {e.strerror or e}") from None
         self.verified: dict[str, Signature] = self._load_state()
-        self._seen: dict[str, tuple[Signature, float]] = {}  # path -> (signature, monotonic time first seen so)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptwatch-verify")
         self._running: dict[str, Future[None]] = {}
         self._lock = threading.Lock()
@@ -89,31 +89,30 @@ class CheckpointWatcher:
         atomic.replace_file(self.state_path, json.dumps(doc).encode())
 
     def candidates(self) -> list[Path]:
-        """Checkpoint directories under the roots, sorted."""
+        """Checkpoint directories under the roots (absolute paths), by root then step."""
         out = []
         for root in self.roots:
             try:
-                out += [p for p in root.iterdir() if p.is_dir() and not p.is_symlink() and step_from_name(p.name) is not None]
+                found = [p for p in root.absolute().iterdir()
+                         if p.is_dir() and not p.is_symlink() and step_from_name(p.name) is not None]
             except OSError:
                 continue  # a root that is not there yet
-        return sorted(out)
+            out += sorted(found, key=lambda p: (step_from_name(p.name), p.name))
+        return out
 
-    def poll(self, *, wait: bool = False) -> int:
-        """Start verifying each checkpoint that settled (``wait``: every checkpoint as it is
-        now, and wait for all to finish: ``--once``). Returns how many were started."""
-        now = time.monotonic()
+    def poll(self, *, wait: bool = False, now: float | None = None) -> int:
+        """Start verifying each checkpoint that settled (``now``: the wall clock, seconds since
+        the epoch); with ``wait``, wait for every verification started to finish (``--once``).
+        Returns how many were started."""
+        now = time.time() if now is None else now
         started = 0
         for path in self.candidates():
             key = str(path)
             sig = signature(path)
             if sig is None or sig[0] == 0 or self.verified.get(key) == sig or key in self._running:
                 continue
-            first = self._seen.get(key)
-            if first is None or first[0] != sig:
-                self._seen[key] = (sig, now)
-                first = (sig, now)
-            if not wait and now - first[1] < self.settle:
-                continue
+            if now - sig[2] / 1e9 < self.settle:
+                continue  # written to in the last `settle` seconds: maybe a save in progress
             self._running[key] = self._pool.submit(self._verify, path, sig)
             started += 1
         if wait:
