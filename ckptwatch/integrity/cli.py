@@ -168,6 +168,8 @@ def _load_side(arg: Path, label: str, workers: int | None) -> Manifest:
         return read_manifest(arg)
     except IntegrityError as e:
         raise _fail(str(e)) from None
+    except OSError as e:  # e.g. a directory that cannot be listed
+        raise _fail(f"{arg}: cannot read: {e.strerror or e}") from None
 
 
 @manifest_app.command("diff")

@@ -32,6 +32,7 @@ import datetime as dt
 import json
 import os
 import re
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -186,21 +187,26 @@ def read_manifest(path: str | os.PathLike[str]) -> Manifest:
     UTF-8 JSON (e.g. torn by a copy), or a field is missing or ill-typed (named, e.g.
     ``files[3].sha256``).
     """
-    p = Path(path)
-    if p.is_dir():
-        p = manifest_path(p)
+    given = Path(path)
+    p = manifest_path(given) if given.is_dir() else given
     try:
+        st = p.stat()
+        if not stat.S_ISREG(st.st_mode):  # a FIFO would block the open forever (a training job's guard_resume too)
+            raise ManifestError(f"{p}: not a regular file: not read")
         raw = p.read_bytes()
     except FileNotFoundError:
-        raise ManifestError(f"{p}: no manifest (write one with: ckptwatch manifest {p.parent})") from None
+        hint = f" (write one with: ckptwatch manifest {given})" if given.is_dir() else ""
+        raise ManifestError(f"{p}: no manifest{hint}") from None
     except OSError as e:
         raise ManifestError(f"{p}: cannot read: {e.strerror or e}") from None
     try:
         doc = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as e:
-        raise ManifestError(f"{p}: damaged: not UTF-8 at byte {e.start}") from None
+        raise ManifestError(f"{p}: not a ckptwatch manifest (not UTF-8 at byte {e.start})") from None
     except json.JSONDecodeError as e:
         raise ManifestError(f"{p}: damaged: not valid JSON at line {e.lineno} column {e.colno} ({e.msg})") from None
+    except RecursionError:
+        raise ManifestError(f"{p}: damaged: JSON nested too deeply") from None
     return Manifest.from_json(doc, str(p))
 
 
@@ -287,6 +293,8 @@ def create_manifest(directory: str | os.PathLike[str], *, world_size: int | None
     hashed: a manifest must only vouch for stable bytes) or the manifest cannot be written.
     """
     s = scan(directory, workers=workers, progress=progress, on_listed=on_listed, exclude=is_manifest_file)
+    if not s.files and not s.tree.findings:
+        raise ManifestError(f"{s.root}: no manifest written: the directory holds no file")
     bad = [f"{rel} ({sc.hash.detail})" for rel, sc in s.files.items() if not sc.hash.ok]
     bad += [f"{f.path} ({f.detail})" for f in s.tree.findings if f.problem == "unreadable"]
     if bad:

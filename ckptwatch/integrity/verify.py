@@ -245,6 +245,8 @@ def verify(directory: str | os.PathLike[str], *, manifest: str | os.PathLike[str
             reports[f.path] = FileReport(f.path, "ok", in_manifest=None if m is None else f.path in m.files)
             reports[f.path].add(f)
     files = [reports[p] for p in sorted(reports)]
+    if not files and not top:  # nothing saved here (or a save that never wrote a byte): never a resume target
+        top.append(Finding("", "incomplete", "empty", "the directory holds no file: nothing to resume from"))
     verdict = worst([r.verdict for r in files] + [f.verdict for f in top])
     return Report(root=root, verdict=verdict, files=files, findings=top, total_files=len(s.files),
                   total_bytes=s.bytes, seconds=time.perf_counter() - t0, manifest=m, manifest_path=m_path)
