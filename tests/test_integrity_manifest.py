@@ -178,7 +178,7 @@ def test_manifest_is_whole_or_absent_when_writing_fails(ckpt, monkeypatch, fail_
     ("SHA", r"files\[3\]\.sha256: 'zz' is not 64 lowercase hex digits \(optimizer_0/__2_0.distcp\)"),
     ("SIZE", r"files\[0\]\.size: -1 is not a size in bytes"),
     ("PATH", r"files\[1\]\.path: '../x' is not a relative path inside the checkpoint"),
-    (b"\xff\xfe{", "damaged: not UTF-8 at byte 0"),
+    (b"\xff\xfe{", r"not a ckptwatch manifest \(not UTF-8 at byte 0\)"),
 ])
 def test_damaged_manifest_names_file_and_field(ckpt, content, message):
     create_manifest(ckpt)
