@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 #: A real 4-rank DCP checkpoint (HF/accelerate FSDP layout) from the corpus' 01-clean run.
-CHECKPOINT = Path(__file__).resolve().parent / "fixtures" / "corpus" / "01-clean" / "checkpoint-60"
+CHECKPOINT = Path(__file__).resolve().parent / "fixtures" / "corpus" / "01-clean" / "artifacts" / "output" / "checkpoint-60"
 SHARD = "pytorch_model_fsdp_0/__1_0.distcp"  # the shard scenario 07 truncated and bit-flipped
 DELETED = "pytorch_model_fsdp_0/__2_0.distcp"  # the shard scenario 07 deleted
 

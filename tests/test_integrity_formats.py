@@ -1,8 +1,9 @@
 """Structural checks of checkpoint formats (``ckptwatch.integrity.formats``), without torch.
 
-Ground truth: the real files of the shared corpus (``shared/corpus/<scenario>/artifacts``,
-written by real PyTorch runs and damaged by the corpus' scripts) with each variant's
-``provenance/scenario.json``; hostile pickles built here; DeepSpeed and HF layouts built here.
+Ground truth: the real files of the shared corpus, vendored in ``tests/fixtures/corpus``
+(``<scenario>/artifacts``, written by real PyTorch runs and damaged by the corpus' scripts,
+see its PROVENANCE.md) with each variant's ``provenance/scenario.json``; hostile pickles built
+here; DeepSpeed and HF layouts built here.
 """
 
 from __future__ import annotations
@@ -26,8 +27,7 @@ from hypothesis import strategies as st
 from ckptwatch.integrity.findings import FileCheck, Finding, worst
 from ckptwatch.integrity.formats import check_file, check_tree, detect_format
 
-SHARED = ROOT.parent / "shared" / "corpus"  # /work/shared/corpus: the corpus with its artifacts
-pytestmark = pytest.mark.skipif(not (SHARED / "04-torn-torch-save").is_dir(), reason="shared corpus not present")
+SHARED = ROOT / "tests" / "fixtures" / "corpus"  # the shared corpus' artifacts and ground truth, vendored
 
 TORN_PT = SHARED / "04-torn-torch-save" / "artifacts" / "files"
 TORN_ST = SHARED / "05-torn-safetensors" / "artifacts" / "files"
