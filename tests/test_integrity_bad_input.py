@@ -59,3 +59,13 @@ def test_diff_with_a_side_that_cannot_be_listed_is_one_line(tmp_path):
         locked.chmod(0o755)
     assert r.returncode == 2 and r.stderr.startswith("error: ") and "Traceback" not in r.stderr
     assert "ermission denied" in r.stderr
+
+
+def test_a_changed_file_of_unknown_format_is_not_told_to_write_a_manifest(tmp_path):
+    ckpt = copy_checkpoint(tmp_path / "checkpoint-60")
+    (ckpt / "notes.dat").write_text("hello\n")
+    assert run_cli("manifest", ckpt).returncode == 0
+    (ckpt / "notes.dat").write_text("hellx\n")
+    r = run_cli("verify", ckpt)
+    lines = [x for x in r.stdout.splitlines() if "notes.dat" in x]
+    assert r.returncode == 1 and len(lines) == 1 and "hash_mismatch" in lines[0], r.stdout

@@ -206,7 +206,7 @@ def manifest_diff(
         out.print(f"[yellow]only in A[/yellow]     {escape(p)}")
     for p in d.added:
         out.print(f"[yellow]only in B[/yellow]     {escape(p)}")
-    sides = "; ".join(f"{label}: {m.checkpoint} (step {m.step}, "
+    sides = "; ".join(f"{label}: {m.checkpoint} (step {'unknown' if m.step is None else m.step}, "
                       + ("hashed now)" if m.tool == _HASHED_NOW else f"manifest written {m.created})")
                       for label, m in (("A", ma), ("B", mb)))
     if d.same:

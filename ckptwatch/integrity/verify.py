@@ -181,10 +181,10 @@ def _file_report(rel: str, sc: Scanned, m: Manifest | None) -> FileReport:
             vouched = True
     for f in c.findings:
         r.add(Finding(rel, f.verdict, f.problem, f.detail) if f.path != rel else f)
-    if not (c.checked or vouched or extra) and h.ok and not c.findings:
+    if not (c.checked or vouched or extra) and h.ok and not c.findings and not r.findings:
         r.add(Finding(rel, "unverifiable", "unchecked", f"no structural check for its format ({c.format}) and "
                       "no manifest vouching for its bytes (write one after each save: ckptwatch manifest DIR)"))
-    elif not (c.checked or vouched or extra):
+    elif not (c.checked or vouched or extra):  # already reported (a hash or size finding): no advice to add
         r.verdict = worst([r.verdict, "unverifiable"])
     return r
 
