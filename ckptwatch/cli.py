@@ -192,12 +192,12 @@ def run_cmd(
         return
     from ckptwatch.embedded import EmbeddedRunner
     from ckptwatch.integrity.errors import IntegrityError
-    from ckptwatch.services.collect import checkpoint_watcher
+    from ckptwatch.integrity.watch import CheckpointWatcher
 
     _sigterm_as_interrupt()
     try:
         runner = EmbeddedRunner(logs, db, options, metrics=metrics, alerter=alerter,
-                                checkpoints=checkpoint_watcher(cfg))
+                                checkpoints=CheckpointWatcher.from_settings(cfg.collect))
     except KeyboardInterrupt:
         return
     except (RuleError, AlertConfigError, RedactionError, IntegrityError) as e:

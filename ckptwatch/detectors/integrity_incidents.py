@@ -22,7 +22,8 @@ BAD_VERDICTS = ("incomplete", "corrupt")
 
 def evaluate(state: JobState, registry: CheckpointRegistry) -> list[Incident]:
     """The job's ``corrupt_checkpoint`` incidents as of its integrity events (no watermark:
-    a verification is a conclusion in itself)."""
+    a verification is a conclusion in itself). Checkpoints whose latest verification is ok
+    are recorded in ``registry`` first, as last good checkpoints the incidents can name."""
     by_key: dict[CheckpointKey, list[Ev]] = {}
     for ev in sorted(state.integrity, key=lambda e: (e.ts, e.source_id, e.offset)):
         by_key.setdefault(checkpoint_key(ev.path, ev.step), []).append(ev)

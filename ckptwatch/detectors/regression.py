@@ -10,16 +10,18 @@ old window moved) points at a model that is not training: weights not loaded, a 
 optimizer.
 
 The saving job's last losses travel with the save itself (:attr:`SaveFact.losses
-<ckptwatch.detectors.checkpoints.SaveFact.losses>`, cut by :func:`saver_window`), so the
+<ckptwatch.detectors.checkpoints.SaveFact.losses>`, cut by :func:`saver_windows`), so the
 resume is judged wherever it is seen: in fleet mode the saves topic carries them to the
 member that owns the resumed job.
 """
 
 from __future__ import annotations
 
+import bisect
 import datetime as dt
 import math
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 Losses = list[tuple[dt.datetime, int, float]]
@@ -48,12 +50,18 @@ class Finding:
     after_steps: tuple[int, ...]
 
 
-def saver_window(curve: Losses, step: int, k: int) -> tuple[tuple[dt.datetime, int, float], ...]:
-    """The last ``k`` points of ``curve`` (``(time UTC, step, loss)`` in arrival order) at or
-    before ``step``, one per step (the latest logged), in step order: what a save keeps of
-    its job's loss curve."""
-    by_step = {s: (ts, s, v) for ts, s, v in curve if s <= step}
-    return tuple(by_step[s] for s in sorted(by_step)[-k:])
+def saver_windows(curve: Losses, steps: Iterable[int], k: int) -> dict[int, tuple[tuple[dt.datetime, int, float], ...]]:
+    """For each saved step of ``steps``: the last ``k`` points of ``curve`` (``(time UTC,
+    step, loss)`` in arrival order) at or before it, one per step (the latest logged), in
+    step order: what a save keeps of its job's loss curve. One pass over the curve for all
+    the job's saves."""
+    by_step = {s: (ts, s, v) for ts, s, v in curve}
+    logged = sorted(by_step)
+    out = {}
+    for step in steps:
+        i = bisect.bisect_right(logged, step)
+        out[step] = tuple(by_step[s] for s in logged[max(0, i - k):i])
+    return out
 
 
 def windows(saver: Losses, resumed: Losses, step: int, resumed_at: dt.datetime,

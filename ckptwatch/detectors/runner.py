@@ -17,7 +17,7 @@ from typing import Any
 
 from ckptwatch.detectors import integrity_incidents, resume_incidents, save_incidents
 from ckptwatch.detectors.checkpoints import CheckpointRegistry, SaveFact, checkpoint_key
-from ckptwatch.detectors.regression import RegressionSettings, saver_window
+from ckptwatch.detectors.regression import RegressionSettings, saver_windows
 from ckptwatch.detectors.events import LOADING_KINDS, Ev, is_host_event
 from ckptwatch.detectors.incident import Incident
 from ckptwatch.detectors.jobstate import JobState
@@ -122,9 +122,10 @@ class Detector:
             state = self.jobs[job]
             events = state.events_sorted()
             saves = saves_of(state, events)
+            windows = saver_windows(state.losses, saves, self.config.regression.k)
             for s in saves.values():
-                fact = SaveFact(job, s.step, s.path, s.complete, s.first_ts, state.world_size,
-                                saver_window(state.losses, s.step, self.config.regression.k), tuple(s.missing))
+                fact = SaveFact(job, s.step, s.path, s.complete, s.first_ts, state.world_size, windows[s.step],
+                                tuple(s.missing))
                 if self.registry.record_save(fact):
                     registry_changed = True
                     self._new_saves[checkpoint_key(fact.path, fact.step)] = fact

@@ -26,6 +26,8 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+from ckptwatch.config import CollectSettings
+from ckptwatch.integrity import api
 from ckptwatch.integrity.errors import IntegrityError
 from ckptwatch.integrity.logline import stamped
 from ckptwatch.integrity.manifest import step_from_name
@@ -73,6 +75,13 @@ class CheckpointWatcher:
         self._running: dict[str, Future[None]] = {}
         self._lock = threading.Lock()
         self.errors: list[str] = []
+
+    @classmethod
+    def from_settings(cls, collect: CollectSettings) -> CheckpointWatcher | None:
+        """The watcher of ``collect.checkpoint_roots`` (None when there are none)."""
+        if not collect.checkpoint_roots:
+            return None
+        return cls(collect.checkpoint_roots, collect.verify_log, settle=collect.verify_settle)
 
     def _load_state(self) -> dict[str, Signature]:
         if not self.state_path.exists():
@@ -123,8 +132,6 @@ class CheckpointWatcher:
         return started
 
     def _verify(self, path: Path, sig: Signature) -> None:
-        from ckptwatch.integrity import api
-
         try:
             api.verify(path, emit=self._append)
         except IntegrityError as e:  # vanished or unlistable since it was seen: say so, try again if it changes

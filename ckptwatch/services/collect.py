@@ -39,12 +39,6 @@ from ckptwatch.sinks.metrics import Metrics
 UNKNOWN_JOB = b"unknown"
 
 
-def checkpoint_watcher(config: Config) -> CheckpointWatcher | None:
-    """The watcher of ``collect.checkpoint_roots`` (None when there are none)."""
-    c = config.collect
-    return CheckpointWatcher(c.checkpoint_roots, c.verify_log, settle=c.verify_settle) if c.checkpoint_roots else None
-
-
 class Collector:
     """Tails ``config.collect.paths`` and publishes their events to ``config.kafka.events_topic``.
 
@@ -61,7 +55,7 @@ class Collector:
         self.rules = rules
         self.checkpointer = FileCheckpointer(config.collect.checkpoint)
         own = os.path.abspath(config.collect.checkpoint)
-        self.checkpoints = checkpoint_watcher(config)
+        self.checkpoints = CheckpointWatcher.from_settings(config.collect)
         extra = [str(self.checkpoints.log)] if self.checkpoints else []
         self.watcher = SourceWatcher(
             config.collect.paths + extra, template=template, boot_time=boot_time, committed=self.checkpointer.load(),

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from ckptwatch.integrity.findings import Finding
+from ckptwatch.integrity.formats.pointer import check_pointer
 from ckptwatch.integrity.formats import zipcheck
 from ckptwatch.integrity.formats.safe_pickle import TORCH_PICKLE, load_inert
 
@@ -51,12 +52,7 @@ def read_tag(f: BinaryIO, size: int) -> str:
 
 def check_latest(f: BinaryIO, size: int, path: str) -> tuple[list[Finding], dict[str, Any]]:
     """``check_file`` for ``latest``: ``empty`` (incomplete) or ``bad_tag`` (corrupt); fact ``tag``."""
-    if size == 0:
-        return [Finding(path, "incomplete", "empty", "empty file (0 bytes): names no tag")], {}
-    try:
-        return [], {"tag": read_tag(f, size)}
-    except ValueError as e:
-        return [Finding(path, "corrupt", "bad_tag", str(e))], {}
+    return check_pointer(f, size, path, read=read_tag, fact="tag", names="no tag")
 
 
 def recorded_dp_world_size(path: Path) -> int | None:

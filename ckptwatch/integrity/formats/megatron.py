@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from ckptwatch.integrity.findings import Finding
+from ckptwatch.integrity.formats.pointer import check_pointer
 
 TRACKER_NAME = "latest_checkpointed_iteration.txt"
 
@@ -34,12 +35,7 @@ def read_iteration(f: BinaryIO, size: int) -> str:
 
 def check_tracker(f: BinaryIO, size: int, path: str) -> tuple[list[Finding], dict[str, Any]]:
     """``check_file`` for the tracker: ``empty`` (incomplete) or ``bad_tag`` (corrupt); fact ``names``."""
-    if size == 0:
-        return [Finding(path, "incomplete", "empty", "empty file (0 bytes): names no iteration")], {}
-    try:
-        return [], {"names": read_iteration(f, size)}
-    except ValueError as e:
-        return [Finding(path, "corrupt", "bad_tag", str(e))], {}
+    return check_pointer(f, size, path, read=read_iteration, fact="names", names="no iteration")
 
 
 def tree_findings(root: Path, files: list[str]) -> list[Finding]:
