@@ -31,8 +31,10 @@ RECORD_SCHEMA: dict[str, pl.DataType] = {
     "host": pl.Utf8,
     "rank": pl.Int32,
     "local_rank": pl.Int32,
+    "pid": pl.Int64,  # from a label (Ray's ``(Actor pid=N)``, a JSON field); rules may capture one too
     "ts": TS,
     "ts_source": pl.Utf8,
+    "ts_year_guessed": pl.Boolean,  # a year-less stamp dated with the year of the file's mtime
     "ingest_ts": TS,
     "line": pl.Utf8,  # the record text, prefixes ([default2]:, [rank2]:) removed
 }

@@ -29,7 +29,8 @@ def events_of(lines: list[str]) -> list[dict]:
     records = pl.DataFrame({
         "source_id": ["s"] * n, "source_kind": ["worker"] * n, "file": ["rank0.log"] * n, "stream": [None] * n,
         "offset": list(range(n)), "job": ["job-a"] * n, "host": ["h"] * n, "rank": [None] * n,
-        "local_rank": [None] * n, "ts": [t] * n, "ts_source": ["line"] * n, "ingest_ts": [t] * n, "line": lines,
+        "local_rank": [None] * n, "pid": [None] * n, "ts": [t] * n, "ts_source": ["line"] * n,
+        "ts_year_guessed": [False] * n, "ingest_ts": [t] * n, "line": lines,
     }, schema=RECORD_SCHEMA)
     from ckptwatch.ingest.stats import Stats
 

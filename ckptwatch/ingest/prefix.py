@@ -1,39 +1,208 @@
-"""Labels from line prefixes, vectorized.
+"""Labels from line prefixes and JSON fields, vectorized.
 
-* ``[default2]:`` is torchrun's ``--tee`` prefix on its console: ``[<role><local_rank>]:``.
-* ``[rank3]:`` is added by ``torch.distributed``'s excepthook to each line of an uncaught
-  exception after ``init_process_group`` (on the console: ``[default3]:[rank3]: …``).
+Launchers and schedulers wrap each worker line in their own label; they are read and
+removed outermost first, so the same worker line read from a console and from the
+per-rank file under ``--log-dir`` is the same text:
 
-Both are removed from the record text, so the same worker line read from the console
-and from the per-rank file under ``--log-dir`` is the same text.
+==================  ===========================  ===========================================
+layout              prefix                       label (semantics)
+==================  ===========================  ===========================================
+JSON lines          ``{"rank": 3, "msg": …}``    ``rank``/``local_rank``/``host``/``pid``/
+                                                 ``job`` fields; the text becomes
+                                                 ``<time> <level> <message>``
+pdsh                ``node-a: ``                 host (pdsh(1): "output is prefixed by the
+                                                 hostname"); only when the file is laid out
+                                                 so (:func:`sniff`)
+srun ``--label``    ``3: `` / `` 3: ``           global rank: Slurm's task id, padded to the
+                                                 width of the largest (srun(1) ``-l``); only
+                                                 when the file is laid out so (:func:`sniff`)
+host:task           ``[node-a:3]: ``             host and global rank (task id)
+Open MPI            ``[1,3]<stdout>:``           global rank (``mpirun --tag-output``)
+Ray                 ``(RayTrainWorker pid=N,     pid and host (the ip); Ray's worker log
+                    ip=10.0.0.2) ``              prefix
+torchrun ``--tee``  ``[default2]:``,             local rank: ``[<role><local_rank>]:``; with
+                    ``[trainer2]:``              ``--role rank`` it reads ``[rank2]:`` too
+                                                 (see below)
+c10d excepthook     ``[rank3]:``                 global rank (``torch.distributed`` prefixes
+                                                 an uncaught exception's lines after
+                                                 ``init_process_group``)
+==================  ===========================  ===========================================
+
+``[rankN]:[rankM]:`` is ``--tee`` with ``--role rank`` followed by the excepthook: N is
+the local rank and M the global one. A lone leading ``[rankN]:`` is taken as global
+unless the caller knows the file is a multi-node torchrun console (``rank_prefix_is_local``).
+
+Inside the line (the first 96 characters), a logger format may name the rank too:
+``[rank2]``, ``[rank1/4]``, Lightning's ``[rank: 0]``, DeepSpeed's and NCCL's ``[Rank 1]``,
+``rank=3`` / ``global_rank=3`` key-values (see :func:`inline_rank`).
 """
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
+
 import polars as pl
 
+JSON_KEYS = {
+    "message": ("message", "msg", "text", "log", "event"),
+    "time": ("timestamp", "time", "ts", "@timestamp", "asctime", "datetime"),
+    "level": ("level", "levelname", "severity"),
+    "rank": ("rank", "global_rank", "RANK"),
+    "local_rank": ("local_rank", "LOCAL_RANK"),
+    "host": ("host", "hostname", "node", "nodename"),
+    "pid": ("pid", "process"),
+    "job": ("job", "job_id", "run_id", "jobid"),
+}
+HOST_PREFIX_RE = r"^(?P<host>[A-Za-z0-9][A-Za-z0-9._-]*): "
+TASK_PREFIX_RE = r"^ *(?P<task>\d{1,6}): "
+HOST_TASK_RE = r"^\[(?P<host>[A-Za-z0-9][A-Za-z0-9._-]*):(?P<task>\d{1,6})\]:? ?"
+OMPI_RE = r"^\[\d+,(?P<task>\d{1,6})\]<(?:stdout|stderr)>: ?"
+RAY_RE = r"^\((?P<actor>[A-Za-z_][\w.]*) pid=(?P<pid>\d+)(?:, ip=(?P<ip>[0-9A-Fa-f.:]+))?\) "
 TEE_RE = r"^\[(?P<role>[A-Za-z_][A-Za-z_-]*?)(?P<local_rank>\d+)\]:"
 RANK_RE = r"^\[rank(?P<rank>\d+)\]:[ ]?"
+DOUBLE_RANK_RE = r"^\[rank(?P<local>\d+)\]:\[rank(?P<rank>\d+)\]:"
+
+# words that start log lines as "WORD: text" and are not host names
+_NOT_HOSTS = {"info", "warning", "warn", "error", "debug", "critical", "fatal", "note", "notice", "trace",
+              "traceback", "exception", "epoch", "step", "loss", "http", "https", "file", "usage", "hint"}
 
 
-def split_prefixes(df: pl.DataFrame, text_col: str = "line") -> pl.DataFrame:
-    """Add ``prefix_local_rank``, ``prefix_rank`` (Int32, null when absent) and strip both
-    prefixes from ``text_col``."""
-    tee = pl.col(text_col).str.extract_groups(TEE_RE)
+@dataclass(frozen=True)
+class PrefixLayout:
+    """How a file's lines are labelled, decided once per file from its first lines
+    (:func:`sniff`): ``host_prefix`` (pdsh's ``host: ``), ``task_prefix`` (srun's ``N: ``)."""
+
+    host_prefix: bool = False
+    task_prefix: bool = False
+
+
+def sniff(lines: list[str], *, min_share: float = 0.8) -> PrefixLayout:
+    """Decide from a file's first lines (up to a few hundred) whether every line carries
+    pdsh's ``host: `` or srun ``--label``'s ``N: `` prefix: at least ``min_share`` of the
+    non-blank lines do (pdsh: with host-like names: a digit, ``-`` or ``.``, or
+    ``localhost``). Prefixes this ambiguous are never read from a stray line."""
+    body = [ln for ln in lines if ln.strip()]
+    if len(body) < 2:
+        return PrefixLayout()
+    need = max(2, int(len(body) * min_share))
+    host_re, task_re = re.compile(HOST_PREFIX_RE), re.compile(TASK_PREFIX_RE)
+    hosts = [m.group("host") for ln in body if (m := host_re.match(ln))]
+    hostlike = [h for h in hosts if h.lower() not in _NOT_HOSTS and (
+        any(c.isdigit() or c in "-." for c in h) or h == "localhost") and not h.isdigit()]
+    rest = [ln[len(h) + 2:] for ln, h in zip(body, hosts, strict=False)] if len(hostlike) >= need else body
+    tasks = sum(1 for ln in rest if task_re.match(ln))
+    return PrefixLayout(host_prefix=len(hostlike) >= need, task_prefix=tasks >= max(2, int(len(rest) * min_share)))
+
+
+def _json_fields(text: pl.Expr) -> dict[str, pl.Expr]:
+    """The first present key of each :data:`JSON_KEYS` entry, as strings (null if none)."""
+    out = {}
+    for name, keys in JSON_KEYS.items():
+        out[name] = pl.coalesce([text.str.json_path_match(f"$.{k}") if k[0].isalpha() else
+                                 text.str.json_path_match(f"$['{k}']") for k in keys])
+    return out
+
+
+def _json_time(value: pl.Expr) -> pl.Expr:
+    """A JSON time field as text the timestamp parser reads: ISO strings as they are,
+    epoch seconds (or ms) as ISO 8601 UTC."""
+    num = value.cast(pl.Float64, strict=False)
+    secs = pl.when(num > 1e11).then(num / 1000).otherwise(num)
+    epoch = pl.from_epoch((secs * 1e6).cast(pl.Int64, strict=False), time_unit="us").dt.strftime("%Y-%m-%dT%H:%M:%S%.6fZ")
+    return pl.when(num.is_not_null()).then(epoch).otherwise(value)
+
+
+def split_prefixes(df: pl.DataFrame, text_col: str = "line", *, layout: PrefixLayout = PrefixLayout(),
+                   rank_prefix_is_local: bool = False) -> pl.DataFrame:
+    """Add ``prefix_local_rank``, ``prefix_rank`` (Int32), ``prefix_host`` (Utf8),
+    ``prefix_pid`` (Int64) and ``prefix_job`` (Utf8), null when absent, and
+    ``prefix_stream`` (Utf8: the writer's labels, not the excepthook's ``[rankN]:``, so a
+    traceback stays in its worker's stream), and strip the prefixes from ``text_col`` (see
+    the module docstring for the order and semantics)."""
+    line = pl.col(text_col)
+    is_json = line.str.starts_with("{") & line.str.ends_with("}")
+    js = _json_fields(line)
+    json_text = pl.concat_str(
+        [_json_time(js["time"]).fill_null(""), js["level"].fill_null(""), js["message"].fill_null(line)],
+        separator=" ").str.strip_chars().str.strip_chars_end("\n")
+    df = df.with_columns(
+        pl.when(is_json).then(js["rank"]).cast(pl.Int32, strict=False).alias("_j_rank"),
+        pl.when(is_json).then(js["local_rank"]).cast(pl.Int32, strict=False).alias("_j_local"),
+        pl.when(is_json).then(js["host"]).alias("_j_host"),
+        pl.when(is_json).then(js["pid"]).cast(pl.Int64, strict=False).alias("_j_pid"),
+        pl.when(is_json).then(js["job"]).alias("_j_job"),
+        pl.when(is_json & js["message"].is_not_null()).then(json_text).otherwise(line).alias(text_col),
+    )
+    host_parts: list[pl.Expr] = [pl.col("_j_host")]
+    rank_parts: list[pl.Expr] = [pl.col("_j_rank")]
+    if layout.host_prefix:
+        df = df.with_columns(line.str.extract(HOST_PREFIX_RE, 1).alias("_h_host"),
+                             line.str.replace(HOST_PREFIX_RE, ""))
+        host_parts.append(pl.col("_h_host"))
+    if layout.task_prefix:
+        df = df.with_columns(line.str.extract(TASK_PREFIX_RE, 1).cast(pl.Int32, strict=False).alias("_t_rank"),
+                             line.str.replace(TASK_PREFIX_RE, ""))
+        rank_parts.append(pl.col("_t_rank"))
+    ht = line.str.extract_groups(HOST_TASK_RE)
+    df = df.with_columns(
+        ht.struct.field("host").alias("_ht_host"),
+        ht.struct.field("task").cast(pl.Int32, strict=False).alias("_ht_rank"),
+        line.str.extract(OMPI_RE, 1).cast(pl.Int32, strict=False).alias("_mpi_rank"),
+    ).with_columns(line.str.replace(HOST_TASK_RE, "").str.replace(OMPI_RE, ""))
+    ray = line.str.extract_groups(RAY_RE)
+    df = df.with_columns(
+        ray.struct.field("pid").cast(pl.Int64, strict=False).alias("_ray_pid"),
+        ray.struct.field("ip").alias("_ray_host"),
+        line.str.replace(RAY_RE, ""),
+    )
+    host_parts += [pl.col("_ht_host"), pl.col("_ray_host")]
+    rank_parts += [pl.col("_ht_rank"), pl.col("_mpi_rank")]
+    tee = line.str.extract_groups(TEE_RE)
     is_tee = tee.struct.field("role").is_not_null() & (tee.struct.field("role") != "rank")
+    dbl = line.str.extract_groups(DOUBLE_RANK_RE)
+    is_dbl = dbl.struct.field("local").is_not_null()
+    df = df.with_columns(
+        pl.when(is_tee).then(tee.struct.field("local_rank").cast(pl.Int32, strict=False))
+        .when(is_dbl).then(dbl.struct.field("local").cast(pl.Int32, strict=False)).alias("_tee_local"),
+        pl.when(is_tee).then(line.str.replace(TEE_RE, ""))
+        .when(is_dbl).then(line.str.replace(r"^\[rank\d+\]:", "")).otherwise(line).alias(text_col),
+    )
+    lone = line.str.extract(RANK_RE, 1).cast(pl.Int32, strict=False)
+    df = df.with_columns(lone.alias("_lone_rank"), line.str.replace(RANK_RE, "").alias(text_col))
+    if rank_prefix_is_local:  # ``--role rank`` on a multi-node console: the lone prefix is --tee's
+        local = pl.coalesce(pl.col("_tee_local"), pl.when(~is_dbl).then(pl.col("_lone_rank")), pl.col("_j_local"))
+        rank_parts.append(pl.when(is_dbl).then(pl.col("_lone_rank")))
+    else:
+        local = pl.coalesce(pl.col("_tee_local"), pl.col("_j_local"))
+        rank_parts.append(pl.col("_lone_rank"))
+    task = pl.coalesce([pl.col(c) for c in ("_j_rank", "_ht_rank", "_mpi_rank")]
+                       + ([pl.col("_t_rank")] if layout.task_prefix else []))
+    stream = pl.concat_str([pl.coalesce(host_parts).fill_null(""), local.cast(pl.Utf8).fill_null(""),
+                            task.cast(pl.Utf8).fill_null(""), pl.col("_ray_pid").cast(pl.Utf8).fill_null("")],
+                           separator="|")
     out = df.with_columns(
-        pl.when(is_tee).then(tee.struct.field("local_rank").cast(pl.Int32, strict=False)).alias("prefix_local_rank"),
-        pl.when(is_tee).then(pl.col(text_col).str.replace(TEE_RE, "")).otherwise(pl.col(text_col)).alias(text_col),
+        stream.alias("prefix_stream"),
+        local.cast(pl.Int32).alias("prefix_local_rank"),
+        pl.coalesce(rank_parts).cast(pl.Int32).alias("prefix_rank"),
+        pl.coalesce(host_parts).cast(pl.Utf8).alias("prefix_host"),
+        pl.coalesce(pl.col("_j_pid"), pl.col("_ray_pid")).alias("prefix_pid"),
+        pl.col("_j_job").alias("prefix_job"),
     )
-    return out.with_columns(
-        pl.col(text_col).str.extract(RANK_RE, 1).cast(pl.Int32, strict=False).alias("prefix_rank"),
-        pl.col(text_col).str.replace(RANK_RE, "").alias(text_col),
-    )
+    return out.drop(["_j_rank", "_j_local", "_j_host", "_j_pid", "_j_job", "_ht_host", "_ht_rank", "_mpi_rank",
+                     "_ray_pid", "_ray_host", "_tee_local", "_lone_rank"]
+                    + (["_h_host"] if layout.host_prefix else []) + (["_t_rank"] if layout.task_prefix else []))
 
 
-INLINE_RANK_RE = r"\[rank(?P<rank>\d+)(?:/(?P<world>\d+))?\]"
+INLINE_RANK_RE = (
+    r"(?:\[rank(?P<a>\d+)(?:/\d+)?\]|\[rank: (?P<b>\d+)\]|\[Rank (?P<c>\d+)\]"
+    r"|(?:^|[\s,;(\[{|])(?:global_)?rank[=:] ?(?P<d>\d+)\b)"
+)
 
 
 def inline_rank(text: pl.Expr) -> pl.Expr:
-    """Rank named by a logger format inside the first 96 characters (``[rank2]``, ``[rank1/4]``)."""
-    return text.str.slice(0, 96).str.extract(INLINE_RANK_RE, 1).cast(pl.Int32, strict=False)
+    """Rank named by a logger format inside the first 96 characters: ``[rank2]``,
+    ``[rank1/4]``, Lightning's ``[rank: 0]`` (``rank_prefixed_message``), DeepSpeed's
+    ``log_dist`` and NCCL's ``[Rank 1]``, ``rank=3`` / ``global_rank=3`` / ``rank: 3``."""
+    g = text.str.slice(0, 96).str.extract_groups(INLINE_RANK_RE).struct
+    return pl.coalesce(g.field("a"), g.field("b"), g.field("c"), g.field("d")).cast(pl.Int32, strict=False)

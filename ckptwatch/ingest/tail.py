@@ -8,8 +8,13 @@ deleted while it is followed is still read to its end (like ``tail -F``):
 * ``held``: lines read but not yet emitted (the last, possibly unfinished, record of
   each stream); ``committed_offset`` never passes the first of them, so a restart from
   ``committed_offset`` re-reads them and nothing is lost;
-* ``carry``: the last event time of each stream, for records without their own time;
-* ``job``: the job of a console file, once a line has named it;
+* ``carry``: the last event time read from a line, per stream, for records without
+  their own time;
+* ``job``: the job of a console file, from the last line that named it (a relaunch
+  under a new run id starts a new job in the same file);
+* ``layout``: the file's label prefixes (pdsh, srun ``--label``), sniffed from its first
+  lines (:func:`.prefix.sniff`);
+* ``rank_map``: local rank -> global rank of this node, from torchrun's rendezvous result;
 * ``source_id``: the file's id (:mod:`.identity`). A file truncated in place (shorter
   than ``offset``, or with another first line: checked on each poll that sees the size
   or mtime change, by reading at most 1 KiB) starts a new *generation*: the held-back
@@ -37,6 +42,10 @@ from ckptwatch.ingest.checkpoint import SourceCheckpoint
 from ckptwatch.schema import RECORD_SCHEMA, TS
 
 _JOB_MENTION = r"(?:run_id\s*:\s*|job_id=|job id )(?P<job>[A-Za-z0-9][\w.:-]*)"
+# torchrun's rendezvous result (torch/distributed/elastic/agent/server/api.py, _rendezvous):
+# which global rank each local rank of this node is
+_LOCAL_RANKS = r"\blocal_ranks=\[(?P<v>[\d, ]*)\]"
+_GLOBAL_RANKS = r"\bglobal_ranks=\[(?P<v>[\d, ]*)\]"
 
 
 @dataclass
@@ -46,6 +55,8 @@ class TailStats:
     lines: int = 0
     records: int = 0
     invalid_utf8: int = 0
+    ts_rejected: int = 0
+    year_guessed: int = 0
     skipped: dict[str, int] = field(default_factory=dict)
 
     def skip(self, reason: str, n: int = 1) -> None:
@@ -94,6 +105,8 @@ class FileTail:
         self.max_line_bytes = max_line_bytes
         self.held = pl.DataFrame()
         self.carry: dict[str, dt.datetime] = {}
+        self.layout: prefix.PrefixLayout | None = None
+        self.rank_map: dict[int, int] = {}
         self.stats = TailStats()
         self.flush_after = flush_after
         self.superseded: list[rotation.Superseded] = []  # truncated generations; the owner takes them
@@ -278,21 +291,36 @@ class FileTail:
                                                    seen_mtime_ns))
         self.source_id, self.head, self.offset = None, None, 0
         self.held, self.carry, self._digest = pl.DataFrame(), {}, hashlib.sha256()
+        self.layout, self.rank_map = None, {}
         return flushed
 
     def _new_lines(self, lines: list[tuple[int, str]]) -> pl.DataFrame:
         """``(offset, text)`` pairs -> one row per line with prefixes split and ``stream_key``."""
         assert self.source_id is not None
+        if self.layout is None and lines:
+            self.layout = prefix.sniff([t for _, t in lines[:300]])
         new = pl.DataFrame(
             {"offset": [o for o, _ in lines], "line": [t for _, t in lines]},
             schema={"offset": pl.Int64, "line": pl.Utf8},
         )
-        new = prefix.split_prefixes(new)
+        self._learn_rank_map(new)
+        multi_node = any(k != v for k, v in self.rank_map.items())
+        new = prefix.split_prefixes(new, layout=self.layout or prefix.PrefixLayout(), rank_prefix_is_local=multi_node)
         return new.with_columns(
-            pl.concat_str(
-                [pl.lit(self.source_id + ":"), pl.col("prefix_local_rank").cast(pl.Utf8).fill_null("-")]
-            ).alias("stream_key")
+            pl.concat_str([pl.lit(self.source_id + ":"), pl.col("prefix_stream")]).alias("stream_key")
         )
+
+    def _learn_rank_map(self, lines: pl.DataFrame) -> None:
+        """Learn this node's local -> global ranks from torchrun's rendezvous result lines."""
+        if lines.is_empty() or not lines["line"].str.contains("global_ranks=", literal=True).any():
+            return
+        loc = lines["line"].str.extract(_LOCAL_RANKS, 1).drop_nulls()
+        glo = lines["line"].str.extract(_GLOBAL_RANKS, 1).drop_nulls()
+        if len(loc) and len(glo):
+            ls = [int(x) for x in loc[-1].replace(" ", "").split(",") if x]
+            gs = [int(x) for x in glo[-1].replace(" ", "").split(",") if x]
+            if len(ls) == len(gs):
+                self.rank_map = dict(zip(ls, gs, strict=True))
 
     def _emit(self, lines: pl.DataFrame, *, flush: bool, now: dt.datetime, mtime: dt.datetime) -> pl.DataFrame:
         """Group ``lines`` into records (holding back the last of each stream unless
@@ -301,33 +329,50 @@ class FileTail:
         if records.is_empty():
             return pl.DataFrame(schema=RECORD_SCHEMA)
         records = records.with_columns(pl.lit(mtime).cast(TS).alias("mtime"))
-        records = timestamps.add_event_time(records, carry=self.carry, boot_time=self.boot_time)
-        last = records.group_by("stream_key").agg(pl.col("ts").last())
+        records = timestamps.add_event_time(records, carry=self.carry, boot_time=self.boot_time, now=now)
+        self.stats.ts_rejected += int(records["ts_rejected"].sum())
+        self.stats.year_guessed += int(records["ts_year_guessed"].sum())
+        # carry only times read from lines: a stream that never prints one moves on with the mtime
+        last = records.filter(pl.col("ts_source") != "mtime").group_by("stream_key").agg(pl.col("ts").last())
         self.carry.update(dict(zip(last["stream_key"].to_list(), last["ts"].to_list(), strict=True)))
-        if self.job is None and self.labels.source_kind != "worker":
-            found = records["line"].str.extract(_JOB_MENTION, 1).drop_nulls()
-            if len(found):
-                self.job = found[0]
         lab = self.labels
+        job = self._jobs(records)
+        local = pl.coalesce(pl.col("prefix_local_rank"), pl.lit(lab.local_rank, dtype=pl.Int32))
+        mapped = local.replace_strict(self.rank_map, default=None, return_dtype=pl.Int32) if self.rank_map else None
+        rank = [pl.col("prefix_rank"), prefix.inline_rank(pl.col("line"))] + ([mapped] if mapped is not None else [])
         out = records.select(
             pl.lit(self.source_id).alias("source_id"),
             pl.lit(lab.source_kind).alias("source_kind"),
             pl.lit(self.path).alias("file"),
-            pl.col("stream_key").str.split(":").list.get(1).alias("stream"),
+            pl.col("stream_key").str.split_exact(":", 1).struct.field("field_1").alias("stream"),
             pl.col("offset"),
-            pl.lit(self.job, dtype=pl.Utf8).alias("job"),
-            pl.lit(lab.host, dtype=pl.Utf8).alias("host"),
-            pl.coalesce(pl.col("prefix_rank"), prefix.inline_rank(pl.col("line")), pl.lit(lab.rank, dtype=pl.Int32))
-            .cast(pl.Int32)
-            .alias("rank"),
-            pl.coalesce(pl.col("prefix_local_rank"), pl.lit(lab.local_rank, dtype=pl.Int32)).cast(pl.Int32).alias("local_rank"),
+            job.alias("job"),
+            pl.coalesce(pl.col("prefix_host"), pl.lit(lab.host, dtype=pl.Utf8)).alias("host"),
+            pl.coalesce([*rank, pl.lit(lab.rank, dtype=pl.Int32)]).cast(pl.Int32).alias("rank"),
+            local.cast(pl.Int32).alias("local_rank"),
+            pl.col("prefix_pid").alias("pid"),
             pl.col("ts"),
             pl.col("ts_source"),
+            pl.col("ts_year_guessed"),
             pl.lit(now).cast(TS).alias("ingest_ts"),
             pl.col("line"),
         )
         self.stats.records += out.height
         return out.cast(RECORD_SCHEMA)  # type: ignore[arg-type]
+
+    def _jobs(self, records: pl.DataFrame) -> pl.Expr:
+        """The job of each record: a path label; else a JSON field; else the last line of the
+        file that named one (``run_id : …``, ``job_id=…``; lines before the first such line
+        take it too), carried across polls in ``job``."""
+        lab = self.labels
+        if lab.job is not None or lab.source_kind == "worker":
+            return pl.coalesce(pl.col("prefix_job"), pl.lit(self.job, dtype=pl.Utf8))
+        mention = records["line"].str.extract(_JOB_MENTION, 1)
+        named = mention.forward_fill()
+        named = named.fill_null(self.job) if self.job is not None else named.backward_fill()
+        if named.drop_nulls().len():
+            self.job = named.drop_nulls()[-1]
+        return pl.coalesce(pl.col("prefix_job"), pl.lit(named))
 
 
 def _concat(frames: list[pl.DataFrame]) -> pl.DataFrame:

@@ -1,33 +1,48 @@
 """Event-time extraction for batches of records, vectorized with polars.
 
-Formats recognised at the start of a record (after console prefixes are removed; up to
-three non-word characters such as ``[`` may come first):
+Formats recognised (after console and label prefixes are removed):
 
-============  ==========================================  ==============================
-name          example                                     notes
-============  ==========================================  ==============================
-iso           ``2026-11-30 10:22:47,875`` /               ISO 8601, ``T``, space or ``_``
-              ``2026-11-30T10:21:21.415Z`` /              between date and time; ``,`` or
-              ``[2026-11-30 10:21:09.728]``               ``.`` before the fraction; a zone
-                                                          (``Z``, ``+02:00``) if present
-mdy           ``11/30/2026 10:20:43``                     transformers example scripts
-glog          ``I1130 10:12:27.123456``                   torchrun / c10d; no year
-syslog        ``Nov 30 10:12:27``                         no year
-kernel        ``[ 1234.567890]``                          seconds since boot; needs a boot
-                                                          time, else the record inherits
-============  ==========================================  ==============================
+==========  ==============================================  ==================================
+name        example                                         notes
+==========  ==============================================  ==================================
+iso         ``2026-11-30 10:22:47,875`` /                   ISO 8601 anywhere in the first 96
+            ``2026-11-30T10:21:21.415Z`` /                  characters, so it is found behind
+            ``[INFO|trainer.py:3984] 2026-12-01 10:08:25,000``  a logger's level, a ``[titan]``
+            ``[titan] 2026-12-01 10:08:25,000 - root``      tag or a label; ``T``, space or
+                                                            ``_`` between date and time; ``,``
+                                                            or ``.`` before the fraction; a
+                                                            zone (``Z``, ``+02:00``) if present
+mdy         ``11/30/2026 10:20:43``                         transformers example scripts
+ctime       ``[Wed Jun 18 15:56:56 2025]``                  ``dmesg -T``
+glog        ``I1130 10:12:27.123456`` /                     torchrun, c10d, NCCL; no year; the
+            ``[E1201 10:18:25.123456789 PGNCCL.cpp:632]`` / month may be unpadded (``E117``);
+            ``[E117 10:18:25.123 …]``                       up to 9 fraction digits
+syslog      ``Nov 30 10:12:27``                             no year
+kernel      ``[ 1234.567890]``                              seconds since boot; needs a boot
+                                                            time, else the record inherits
+==========  ==============================================  ==================================
 
 All results are UTC. A timestamp without a zone is taken as UTC (the corpus' machines
 ran in UTC; say otherwise with ``assume_utc_offset_minutes``).
 
-Year-less formats (glog, syslog) take their year from context: the nearest full
-timestamp in the same stream (earlier first, then later), else the file's mtime. The
-candidate year among (context year - 1, context year, context year + 1) closest to the
-context wins, so a log crossing New Year is dated right. Today's date is never used.
+**Sane range.** A stamp dated before 1970 or more than a day after ``now`` (a host clock
+far ahead, a line dated 2100) is not believed: the record is treated as having no time
+of its own (it inherits) and ``ts_rejected`` is set so the caller can count it. Years
+are checked before conversion, so nothing wraps into another year.
 
-A record without its own time inherits the previous record's time in the same stream
+**Year-less formats** (glog, syslog) take their year from context: the nearest full
+timestamp in the same stream (earlier first, then later), else any full timestamp in the
+batch (the same file), else the file's mtime, in which case ``ts_year_guessed`` is set
+(the caller may re-date the record from other files of the same job or host, see
+:func:`shift_to_year_of`). The candidate year among (context year - 1, context year,
+context year + 1) closest to the context wins, so a log crossing New Year is dated right.
+Today's date is never used.
+
+**Records without a time** inherit the previous record's time in the same stream
 (``ts_source = "inherited"``), then the carried time from the previous batch of that
-stream, then the file's mtime (``ts_source = "mtime"``).
+stream, then the file's mtime at this read (``ts_source = "mtime"``). Callers carry only
+times read from lines, so a stream that never prints a time moves on with its file's
+mtime from one read to the next instead of freezing at the first.
 """
 
 from __future__ import annotations
@@ -40,20 +55,26 @@ from ckptwatch.schema import TS
 
 _LEAD = r"^\W{0,3}"
 ISO_RE = (
-    _LEAD + r"(?P<date>\d{4}-\d{2}-\d{2})[T _](?P<time>\d{2}:\d{2}:\d{2})"
+    r"(?:^|[^\d\w])(?P<date>(?P<year>\d{4})-\d{2}-\d{2})[T _](?P<time>\d{2}:\d{2}:\d{2})"
     r"(?:[.,](?P<frac>\d{1,9}))?(?P<tz>Z|[+-]\d{2}:?\d{2})?"
 )
 MDY_RE = _LEAD + r"(?P<mon>\d{2})/(?P<day>\d{2})/(?P<year>\d{4}) (?P<time>\d{2}:\d{2}:\d{2})(?:[.,](?P<frac>\d{1,9}))?"
-GLOG_RE = r"^[IWEF](?P<mon>\d{2})(?P<day>\d{2}) (?P<time>\d{2}:\d{2}:\d{2})(?:\.(?P<frac>\d{1,9}))?\s"
-SYSLOG_RE = (
-    r"^(?P<mon>Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) +(?P<day>\d{1,2}) "
-    r"(?P<time>\d{2}:\d{2}:\d{2})(?:\.(?P<frac>\d{1,9}))?\s"
+_MON = r"(?P<mon>Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)"
+CTIME_RE = (
+    r"^\[?(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) " + _MON + r" +(?P<day>\d{1,2}) (?P<time>\d{2}:\d{2}:\d{2})"
+    r"(?:\.(?P<frac>\d{1,9}))? (?P<year>\d{4})\b"
 )
+GLOG_RE = r"^\[?[IWEF](?P<mon>\d{1,2})(?P<day>\d{2}) (?P<time>\d{2}:\d{2}:\d{2})(?:\.(?P<frac>\d{1,9}))?\s"
+SYSLOG_RE = _MON + r" +(?P<day>\d{1,2}) (?P<time>\d{2}:\d{2}:\d{2})(?:\.(?P<frac>\d{1,9}))?\s"
+SYSLOG_RE = "^" + SYSLOG_RE
 KERNEL_RE = r"^\[\s*(?P<up>\d+\.\d+)\]"
 
 _MONTHS = {m: f"{i:02d}" for i, m in enumerate(
     ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"], start=1)}
 _HALF_YEAR = dt.timedelta(days=183)
+MIN_YEAR = 1970
+#: how far past the wall clock a stamp may be before it is not believed
+MAX_AHEAD = dt.timedelta(days=1)
 
 
 def _frac_ns(frac: pl.Expr) -> pl.Expr:
@@ -68,6 +89,11 @@ def _parse(date: pl.Expr, time: pl.Expr, frac: pl.Expr) -> pl.Expr:
     return base + _frac_ns(frac)
 
 
+def _year_ok(year: pl.Expr, max_year: int) -> pl.Expr:
+    y = year.cast(pl.Int32, strict=False)
+    return (y >= MIN_YEAR) & (y <= max_year)
+
+
 def _tz_offset(tz: pl.Expr) -> pl.Expr:
     """``Z`` / ``+02:00`` / ``-0530`` -> offset as a duration (null zone -> 0)."""
     digits = tz.str.replace_all(r"[^0-9]", "")
@@ -77,18 +103,21 @@ def _tz_offset(tz: pl.Expr) -> pl.Expr:
     return pl.duration(minutes=sign * (hours * 60 + mins))
 
 
-def _closest_year(mon: pl.Expr, day: pl.Expr, time: pl.Expr, frac: pl.Expr, ctx: pl.Expr) -> pl.Expr:
-    """A year-less date made whole with the year (of ctx-1, ctx, ctx+1) closest to ``ctx``."""
+def _closest_year(mon: pl.Expr, day: pl.Expr, time: pl.Expr, frac: pl.Expr, ctx: pl.Expr,
+                  latest: dt.datetime) -> pl.Expr:
+    """A year-less date made whole with the year (of ctx-1, ctx, ctx+1) closest to ``ctx``
+    that is not after ``latest``."""
     year = ctx.dt.year()
     cands = [
         _parse(pl.concat_str([(year + d).cast(pl.Utf8), pl.lit("-"), mon, pl.lit("-"), day]), time, frac)
         for d in (-1, 0, 1)
     ]
     prev, same, nxt = cands
+    last = pl.lit(latest).cast(TS)
     return (
-        pl.when((same - ctx) > pl.lit(_HALF_YEAR))
+        pl.when(((same - ctx) > pl.lit(_HALF_YEAR)) | (same > last))
         .then(prev)
-        .when((ctx - same) > pl.lit(_HALF_YEAR))
+        .when(((ctx - same) > pl.lit(_HALF_YEAR)) & (nxt <= last))
         .then(nxt)
         .otherwise(same)
     )
@@ -103,8 +132,10 @@ def add_event_time(
     carry: dict[str, dt.datetime] | None = None,
     boot_time: dt.datetime | None = None,
     assume_utc_offset_minutes: int = 0,
+    now: dt.datetime | None = None,
 ) -> pl.DataFrame:
-    """Add ``ts`` (Datetime ns UTC) and ``ts_source`` to a batch of records.
+    """Add ``ts`` (Datetime ns UTC), ``ts_source``, ``ts_rejected`` and ``ts_year_guessed``
+    (Boolean) to a batch of records.
 
     Args:
         df: records in stream order; needs ``text_col`` (the record text, prefixes
@@ -113,17 +144,28 @@ def add_event_time(
         carry: last known time per stream from an earlier batch (tailing).
         boot_time: the host's boot time (UTC) for kernel ``[ seconds]`` stamps.
         assume_utc_offset_minutes: offset of zone-less timestamps from UTC.
+        now: wall-clock time of the read (UTC; default: now); stamps more than
+            :data:`MAX_AHEAD` past it are not believed (``ts_rejected``).
 
     Returns:
-        ``df`` with ``ts`` and ``ts_source`` added; the helper columns are dropped.
+        ``df`` with the four columns added; the helper columns are dropped.
     """
-    first = pl.col(text_col).str.slice(0, 64)
+    now = now or dt.datetime.now(dt.timezone.utc)
+    latest = now + MAX_AHEAD
+    max_year = latest.year
+    first = pl.col(text_col).str.slice(0, 96)
     out = df.with_columns(
         first.str.extract_groups(ISO_RE).alias("_iso"),
         first.str.extract_groups(MDY_RE).alias("_mdy"),
+        first.str.extract_groups(CTIME_RE).alias("_ctime"),
         first.str.extract_groups(GLOG_RE).alias("_glog"),
         first.str.extract_groups(SYSLOG_RE).alias("_sys"),
         first.str.extract(KERNEL_RE, 1).cast(pl.Float64, strict=False).alias("_up"),
+    )
+    # an ISO stamp behind a prefix counts unless a stamp of another format starts the record
+    out = out.with_columns(
+        (pl.col("_glog").struct.field("time").is_not_null() | pl.col("_sys").struct.field("time").is_not_null()
+         | pl.col("_up").is_not_null()).alias("_other_lead")
     )
     local = pl.duration(minutes=assume_utc_offset_minutes)
     iso = pl.col("_iso").struct
@@ -135,11 +177,31 @@ def add_event_time(
         mdy.field("time"),
         mdy.field("frac"),
     ) - local
-    out = out.with_columns(pl.coalesce(iso_ts, mdy_ts).alias("_full"))
-    # Context for year-less stamps: nearest full timestamp in the stream, else mtime.
+    ct = pl.col("_ctime").struct
+    ct_ts = _parse(
+        pl.concat_str([ct.field("year"), pl.lit("-"), ct.field("mon").replace_strict(_MONTHS, default=None),
+                       pl.lit("-"), ct.field("day").str.pad_start(2, "0")]),
+        ct.field("time"), ct.field("frac"),
+    ) - local
+    iso_ok = first.str.contains(_LEAD + r"\d{4}-\d{2}-\d{2}[T _]") | ~pl.col("_other_lead")
+    full_parts = [
+        pl.when(_year_ok(iso.field("year"), max_year) & iso_ok).then(iso_ts),
+        pl.when(_year_ok(mdy.field("year"), max_year)).then(mdy_ts),
+        pl.when(_year_ok(ct.field("year"), max_year)).then(ct_ts),
+    ]
+    any_full = (iso.field("date").is_not_null() & iso_ok) | mdy.field("year").is_not_null() | ct.field("year").is_not_null()
+    full = pl.coalesce(full_parts)
+    sane = (full >= pl.lit(dt.datetime(MIN_YEAR, 1, 1, tzinfo=dt.timezone.utc)).cast(TS)) & (
+        full <= pl.lit(latest).cast(TS))
+    out = out.with_columns(
+        pl.when(sane).then(full).alias("_full"),
+        (any_full & ~sane.fill_null(False)).alias("_full_bad"),
+    )
+    # Context for year-less stamps: nearest full timestamp in the stream, else in the batch, else mtime.
     out = out.with_columns(
         pl.col("_full").forward_fill().over(stream_col).alias("_ctx_prev"),
         pl.col("_full").backward_fill().over(stream_col).alias("_ctx_next"),
+        pl.col("_full").forward_fill().backward_fill().alias("_ctx_any"),
     )
     if carry:
         carry_df = pl.DataFrame(
@@ -149,42 +211,74 @@ def add_event_time(
         out = out.join(carry_df, on=stream_col, how="left", maintain_order="left")
     else:
         out = out.with_columns(pl.lit(None, dtype=TS).alias("_carry"))
-    ctx = pl.coalesce(pl.col("_ctx_prev"), pl.col("_carry"), pl.col("_ctx_next"), pl.col(mtime_col))
+    known_ctx = pl.coalesce(pl.col("_ctx_prev"), pl.col("_carry"), pl.col("_ctx_next"), pl.col("_ctx_any"))
+    ctx = pl.coalesce(known_ctx, pl.col(mtime_col))
     glog = pl.col("_glog").struct
     sysl = pl.col("_sys").struct
-    glog_ts = _closest_year(glog.field("mon"), glog.field("day"), glog.field("time"), glog.field("frac"), ctx) - local
+    glog_ts = _closest_year(glog.field("mon").str.pad_start(2, "0"), glog.field("day"), glog.field("time"),
+                            glog.field("frac"), ctx, latest) - local
     sys_day = sysl.field("day").str.pad_start(2, "0")
     sys_mon = sysl.field("mon").replace_strict(_MONTHS, default=None)
-    sys_ts = _closest_year(sys_mon, sys_day, sysl.field("time"), sysl.field("frac"), ctx) - local
-    parts = [pl.col("_full"), glog_ts, sys_ts]
+    sys_ts = _closest_year(sys_mon, sys_day, sysl.field("time"), sysl.field("frac"), ctx, latest) - local
+    yearless = pl.coalesce(glog_ts, sys_ts)
+    parts = [pl.col("_full"), yearless]
     if boot_time is not None:
         boot = boot_time.astimezone(dt.timezone.utc)
         parts.append(pl.lit(boot).cast(TS) + pl.duration(microseconds=(pl.col("_up") * 1e6).cast(pl.Int64)))
-    out = out.with_columns(pl.coalesce(parts).alias("_own"))
-    inherited = pl.col("_own").forward_fill().over(stream_col)
     out = out.with_columns(
-        pl.coalesce(pl.col("_own"), inherited, pl.col("_carry"), pl.col(mtime_col)).alias("ts"),
+        pl.coalesce(parts).alias("_own0"),
+        (pl.col("_full").is_null() & yearless.is_not_null() & known_ctx.is_null()).alias("_guess0"),
+    )
+    own_sane = pl.col("_own0") <= pl.lit(latest).cast(TS)
+    out = out.with_columns(
+        pl.when(own_sane).then(pl.col("_own0")).alias("_own"),
+        (pl.col("_full_bad") | (pl.col("_own0").is_not_null() & ~own_sane.fill_null(False))).alias("ts_rejected"),
+        pl.when(own_sane).then(pl.col("_guess0")).alias("_guess"),
+    )
+    inherited = pl.col("_own").forward_fill().over(stream_col)
+    base = pl.coalesce(inherited, pl.col("_carry"), pl.col(mtime_col))
+    out = out.with_columns(
+        pl.coalesce(pl.col("_own"), base).alias("ts"),
         pl.when(pl.col("_own").is_not_null())
         .then(pl.lit("line"))
         .when(inherited.is_not_null() | pl.col("_carry").is_not_null())
         .then(pl.lit("inherited"))
         .otherwise(pl.lit("mtime"))
         .alias("ts_source"),
+        pl.col("_guess").forward_fill().over(stream_col).fill_null(False).alias("ts_year_guessed"),
     )
-    return out.drop(["_iso", "_mdy", "_glog", "_sys", "_up", "_full", "_ctx_prev", "_ctx_next", "_carry", "_own"])
+    return out.drop(["_iso", "_mdy", "_ctime", "_glog", "_sys", "_up", "_full", "_full_bad", "_ctx_prev",
+                     "_ctx_next", "_ctx_any", "_carry", "_other_lead", "_own0", "_guess0", "_own", "_guess"])
+
+
+def shift_to_year_of(ts: pl.Expr, ctx: pl.Expr) -> pl.Expr:
+    """``ts`` moved by -1, 0 or +1 year, whichever lands closest to ``ctx`` (null ``ctx``:
+    unchanged): re-dates a year-less stamp whose year was guessed from a file's mtime once
+    a dated line of the same job or host is known."""
+    cands = [ts.dt.offset_by(f"{d}y") for d in (-1, 1)]
+    dist = [(c - ctx).abs() for c in cands]
+    here = (ts - ctx).abs()
+    best = (
+        pl.when(dist[0] < here).then(cands[0])
+        .when(dist[1] < here).then(cands[1])
+        .otherwise(ts)
+    )
+    return pl.when(ctx.is_null()).then(ts).otherwise(best)
 
 
 def parse_one(text: str, *, context: dt.datetime | None = None) -> dt.datetime | None:
     """Parse one timestamp string with the batch parser (for rule-captured ``ts`` groups and tests).
 
-    ``context`` (UTC) gives the year for year-less formats. Returns a UTC datetime or None.
+    ``context`` (UTC) gives the year for year-less formats; the sane range ends a day past
+    the later of ``context`` and the wall clock. Returns a UTC datetime or None.
     """
     ctx = context or dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+    wall = max(dt.datetime.now(dt.timezone.utc), ctx)
     df = pl.DataFrame(
         {"line": [text], "stream_key": ["_"], "mtime": [ctx]},
         schema={"line": pl.Utf8, "stream_key": pl.Utf8, "mtime": TS},
     )
-    out = add_event_time(df)
+    out = add_event_time(df, now=wall)
     if out["ts_source"][0] != "line":
         return None
     return out["ts"][0]

@@ -25,7 +25,7 @@ no look-around, no back-references). A record is a line or a multiline group joi
 
 Named groups ``job``, ``host``, ``rank``, ``local_rank``, ``pid``, ``step``, ``path`` and
 ``ts`` fill the event columns of the same name (a captured ``ts`` replaces a record time
-only when the record had none of its own nor an earlier line's to inherit); every other group goes into ``attrs`` (as an integer or float
+unless the record starts with a time of its own: it beats one inherited from an earlier line); every other group goes into ``attrs`` (as an integer or float
 when every captured value is one).
 
 Matching is vectorized: per rule, a literal ``str.contains`` prefilter over the batch,
@@ -225,7 +225,7 @@ class RuleSet:
                 df = df.with_columns(captured.alias(name))
         if "ts" in groups.columns:
             captured_ts = _parse_captured_ts(groups["ts"], df["ts"])
-            own = df["ts_source"] != "mtime"  # a captured time only replaces a guessed one
+            own = df["ts_source"] == "line"  # a time inside the line beats an inherited or guessed one
             df = df.with_columns(
                 pl.when(own | captured_ts.is_null()).then(pl.col("ts")).otherwise(captured_ts).alias("ts"),
                 pl.when(own | captured_ts.is_null()).then(pl.col("ts_source")).otherwise(pl.lit("rule")).alias("ts_source"),
@@ -293,7 +293,8 @@ def _example_records(lines: list[str], source_kind: str) -> pl.DataFrame:
         {
             "source_id": ["example"] * n, "source_kind": [source_kind] * n, "file": ["<example>"] * n,
             "stream": ["-"] * n, "offset": list(range(n)), "job": [None] * n, "host": [None] * n,
-            "rank": [None] * n, "local_rank": [None] * n, "ts": [None] * n, "ts_source": ["mtime"] * n,
+            "rank": [None] * n, "local_rank": [None] * n, "pid": [None] * n, "ts": [None] * n,
+            "ts_source": ["mtime"] * n, "ts_year_guessed": [False] * n,
             "ingest_ts": [None] * n, "line": lines,
         },
         schema=RECORD_SCHEMA,
