@@ -28,7 +28,10 @@ class JobState:
     rank_pid: dict[int, int] = field(default_factory=dict)
     rank_host: dict[int, str] = field(default_factory=dict)
     local_to_rank: dict[tuple[str | None, int], int] = field(default_factory=dict)
+    #: newest event time of the job (UTC), never past the wall clock by more than a day
     max_ts: dt.datetime | None = None
+    #: wall time (UTC) the job's last event arrived: its watermark moves on with wall time after it
+    last_arrival: dt.datetime | None = None
     #: the job's loss curve: (time UTC, step, loss) of the lowest rank that logs losses, in arrival order
     losses: list[tuple[dt.datetime, int, float]] = field(default_factory=list)
     _loss_rank: int | None = None
@@ -38,9 +41,11 @@ class JobState:
     #: its checkpoint verifications (``integrity`` events), for :mod:`.integrity_incidents`
     integrity: list[Ev] = field(default_factory=list)
 
-    def add(self, ev: Ev) -> bool:
-        """Record ``ev``; False if it was already known (same dedup key)."""
-        self.max_ts = ev.ts if self.max_ts is None or ev.ts > self.max_ts else self.max_ts
+    def add(self, ev: Ev, *, ts_limit: dt.datetime | None = None) -> bool:
+        """Record ``ev``; False if it was already known (same dedup key). An event time past
+        ``ts_limit`` (UTC) does not move ``max_ts`` (a clock far ahead)."""
+        if (self.max_ts is None or ev.ts > self.max_ts) and (ts_limit is None or ev.ts <= ts_limit):
+            self.max_ts = ev.ts
         self._learn(ev)
         if ev.kind == "metric":
             rank = self.rank_of(ev)
@@ -108,6 +113,17 @@ class JobState:
 
     def host_of(self, rank: int | None) -> str | None:
         return self.rank_host.get(rank) if rank is not None else None
+
+    def watermark(self, lateness: dt.timedelta, now: dt.datetime | None) -> dt.datetime | None:
+        """The job's own event time minus ``lateness``, moved on by the wall time (``now``)
+        since its last event arrived: one job's clock, or one future-dated line, never
+        concludes another job's saves."""
+        if self.max_ts is None:
+            return None
+        wm = self.max_ts - lateness
+        if now is not None and self.last_arrival is not None and now > self.last_arrival:
+            wm += now - self.last_arrival
+        return wm
 
     def hosts(self) -> set[str]:
         return set(self.rank_host.values())

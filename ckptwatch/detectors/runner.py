@@ -1,9 +1,12 @@
 """The detector runner: routes events to per-job state, keeps the watermark, and emits
 incidents that are new or changed. It holds no detection logic of its own.
 
-Event time, not arrival time: the watermark is the newest event time seen minus
-``allowed_lateness``; when no event arrives, it moves on with wall time (``now`` passed
-to :meth:`Detector.advance`), so a save on a source that went silent is still concluded.
+Event time, not arrival time, and per job: a job's watermark is its newest event time
+minus ``allowed_lateness``; when none of its events arrives, it moves on with wall time
+(``now`` passed to :meth:`Detector.advance`), so a save on a source that went silent is
+still concluded. A job's watermark never depends on another job's lines, so one host
+clock far ahead or one future-dated line concludes nothing outside its own job; event
+times more than :data:`MAX_AHEAD` past the wall clock do not move any watermark.
 Every incident is a function of the events alone, so re-running over the same events
 (after a restart, or in another process) yields the same incidents with the same ids.
 """
@@ -24,6 +27,7 @@ from ckptwatch.detectors.jobstate import JobState
 from ckptwatch.detectors.saves import saves_of
 
 UNKNOWN_JOB = "unknown"
+MAX_AHEAD = dt.timedelta(days=1)
 
 
 @dataclass(frozen=True)
@@ -66,11 +70,15 @@ class Detector:
         self._open_saves: dict[str, int] = {}  # job -> its open saves at its last evaluation
 
     def process(self, rows: Iterable[dict[str, Any]], *, now: dt.datetime | None = None) -> None:
-        """Take events (dicts with EVENT_SCHEMA keys, e.g. ``df.iter_rows(named=True)``)."""
+        """Take events (dicts with EVENT_SCHEMA keys, e.g. ``df.iter_rows(named=True)``);
+        ``now`` is the wall time they arrived (UTC; default: now)."""
+        arrival = now or dt.datetime.now(dt.timezone.utc)
+        limit = arrival + MAX_AHEAD
         for row in rows:
             ev = Ev.from_row(row)
             self.stats.events += 1
-            self.max_ts = ev.ts if self.max_ts is None or ev.ts > self.max_ts else self.max_ts
+            if (self.max_ts is None or ev.ts > self.max_ts) and ev.ts <= limit:
+                self.max_ts = ev.ts
             if is_host_event(ev.kind, ev.rank, ev.local_rank):
                 if ev.dedup_key in self.host_events:
                     self.stats.duplicates += 1
@@ -82,18 +90,21 @@ class Detector:
             if state is None:
                 state = self.jobs[job] = JobState(job)
                 self.stats.jobs += 1
-            if not state.add(ev):
+            if not state.add(ev, ts_limit=limit):
                 self.stats.duplicates += 1
+            state.last_arrival = arrival
             self._dirty.add(job)
             if ev.kind in LOADING_KINDS:
                 self._loading.add(job)
                 self._loads_dirty.add(job)
             elif ev.kind == "metric" and job in self._loading:
                 self._loads_dirty.add(job)  # losses after a resume: post_resume_regression
-        self.last_arrival = now or dt.datetime.now(dt.timezone.utc)
+        self.last_arrival = arrival
 
     def watermark(self, now: dt.datetime | None = None) -> dt.datetime | None:
-        """Newest event time minus the allowed lateness, advanced by idle wall time."""
+        """Newest event time of any job minus the allowed lateness, advanced by idle wall
+        time (what the detector-lag metric reports; each job is judged by its own,
+        :meth:`JobState.watermark <ckptwatch.detectors.jobstate.JobState.watermark>`)."""
         if self.max_ts is None:
             return None
         wm = self.max_ts - dt.timedelta(seconds=self.config.allowed_lateness)
@@ -112,14 +123,16 @@ class Detector:
         """Evaluate jobs and return incidents that are new or changed (``detected_ts`` set
         on first emission). With ``final=True`` the input is complete: nothing is held
         back for late evidence."""
-        wm = self.max_ts if final else self.watermark(now)
-        if wm is None:
+        if self.max_ts is None:
             return []
         wall = now or dt.datetime.now(dt.timezone.utc)
+        lateness = dt.timedelta(seconds=self.config.allowed_lateness)
+        wms: dict[str, dt.datetime] = {}
         changed: list[Incident] = []
         registry_changed = False
         for job in sorted(self._dirty if not final else set(self.jobs)):
             state = self.jobs[job]
+            wm = wms[job] = self._job_watermark(state, lateness, now, final=final)
             events = state.events_sorted()
             saves = saves_of(state, events)
             windows = saver_windows(state.losses, saves, self.config.regression.k)
@@ -152,7 +165,9 @@ class Detector:
         # resumes after saves: a load is judged by what is known of its checkpoint, whichever job wrote it
         waiting: set[str] = set()
         for job in sorted(self._loading if (registry_changed or final) else self._loads_dirty):
-            found, wait = resume_incidents.evaluate(self.jobs[job], self.registry, self.config.regression, wm=wm)
+            state = self.jobs[job]
+            wm = wms.get(job) or self._job_watermark(state, lateness, now, final=final)
+            found, wait = resume_incidents.evaluate(state, self.registry, self.config.regression, wm=wm)
             for inc in found:
                 changed += self._emit(inc, wall)
             changed += self._retracted(job, "poisoned_resume", {i.id for i in found})
@@ -160,6 +175,13 @@ class Detector:
                 waiting.add(job)  # a load of a save not finished yet: judged once the watermark passes it
         self._loads_dirty = waiting
         return changed
+
+    def _job_watermark(self, state: JobState, lateness: dt.timedelta, now: dt.datetime | None, *,
+                       final: bool) -> dt.datetime:
+        """``state``'s watermark; with ``final``, its newest event time (nothing is late any more)."""
+        if final:
+            return state.max_ts or self.max_ts  # type: ignore[return-value]
+        return state.watermark(lateness, now) or (self.max_ts - lateness)  # type: ignore[operator]
 
     def learn(self, incidents: Iterable[Incident]) -> None:
         """Take save incidents found elsewhere (another detector of the group, read back from

@@ -7,7 +7,9 @@
   ``line_too_long``) with its offset; the lines around it are read as usual.
 * Invalid UTF-8 is decoded with U+FFFD replacement characters and counted
   (``invalid_utf8``); the line is kept.
-* ``\\r\\n`` endings lose the ``\\r``.
+* ``\\r\\n`` endings lose the ``\\r``; a lone ``\\r`` inside a line (a progress bar
+  redrawn in place, a log written with CR separators) separates lines too, each with
+  its own offset.
 """
 
 from __future__ import annotations
@@ -45,6 +47,15 @@ def _decode(raw: bytes, res: ReadResult) -> str:
     except UnicodeDecodeError:
         res.invalid_utf8 += 1
         return raw.decode("utf-8", errors="replace")
+
+
+def _split_cr(raw: bytes, start: int, res: ReadResult) -> None:
+    """Append the non-blank ``\\r``-separated parts of one line, each at its own offset."""
+    pos = 0
+    for part in raw.split(b"\r"):
+        if part.strip():
+            res.lines.append((start + pos, _decode(part, res)))
+        pos += len(part) + 1
 
 
 def read_lines(
@@ -96,12 +107,17 @@ def read_lines(
                             return res
                         n += len(block)
                 if final and rest > 0 and len(buf) < chunk_bytes:
-                    res.lines.append((offset + pos, _decode(buf[pos:], res)))
+                    if b"\r" in buf[pos:].rstrip(b"\r"):
+                        _split_cr(buf[pos:], offset + pos, res)
+                    else:
+                        res.lines.append((offset + pos, _decode(buf[pos:], res)))
                     res.next_offset = offset + len(buf)
                 return res
             raw = buf[pos:nl]
             if len(raw) > max_line_bytes:
                 res.skipped.append(("line_too_long", offset + pos, len(raw)))
+            elif b"\r" in raw.rstrip(b"\r"):
+                _split_cr(raw, offset + pos, res)
             else:
                 res.lines.append((offset + pos, _decode(raw, res)))
             pos = nl + 1

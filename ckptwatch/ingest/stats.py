@@ -20,11 +20,19 @@ class Stats:
     duplicate_events: int = 0
     invalid_utf8: int = 0
     skipped: dict[str, int] = field(default_factory=dict)
+    #: records kept but adjusted, by reason: ``timestamp_out_of_range`` (a stamp before 1970
+    #: or more than a day ahead, not believed), ``year_from_mtime`` (a year-less stamp dated
+    #: with its file's mtime year: no dated line of its job or host was read)
+    notes: dict[str, int] = field(default_factory=dict)
     lines_by_kind: dict[str, int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
 
     def skip(self, reason: str, n: int = 1) -> None:
         self.skipped[reason] = self.skipped.get(reason, 0) + n
+
+    def note(self, reason: str, n: int = 1) -> None:
+        if n:
+            self.notes[reason] = self.notes.get(reason, 0) + n
 
     def add_lines(self, source_kind: str, n: int) -> None:
         """Count ``n`` lines read from a source of ``source_kind``."""
@@ -36,5 +44,6 @@ class Stats:
         return {
             "files": self.files, "lines": self.lines, "records": self.records, "events": self.events,
             "duplicate_events": self.duplicate_events, "invalid_utf8": self.invalid_utf8,
-            "skipped": dict(sorted(self.skipped.items())), "errors": list(self.errors),
+            "skipped": dict(sorted(self.skipped.items())), "notes": dict(sorted(self.notes.items())),
+            "errors": list(self.errors),
         }

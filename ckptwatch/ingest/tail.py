@@ -77,6 +77,7 @@ class FileTail:
         offset: byte offset to start reading at (a committed offset from a checkpoint).
         boot_time: UTC boot time for kernel ``[seconds]`` stamps.
         max_line_bytes: longer lines are skipped and counted (``line_too_long``).
+        chunk_bytes: how much one poll reads at most (plus one huge line).
         flush_after: seconds without growth after which held-back records are emitted.
         job: the job learned from the file's lines before a restart.
         avoid_ids: source ids not to give this file (ids of dropped files, whose inode a
@@ -91,6 +92,7 @@ class FileTail:
         offset: int = 0,
         boot_time: dt.datetime | None = None,
         max_line_bytes: int = reader.DEFAULT_MAX_LINE_BYTES,
+        chunk_bytes: int = reader.DEFAULT_CHUNK_BYTES,
         flush_after: float = 2.0,
         job: str | None = None,
         avoid_ids: Container[str] = frozenset(),
@@ -103,6 +105,7 @@ class FileTail:
         self.head: bytes | None = None  # the first line the id was made from
         self.boot_time = boot_time
         self.max_line_bytes = max_line_bytes
+        self.chunk_bytes = chunk_bytes
         self.held = pl.DataFrame()
         self.carry: dict[str, dt.datetime] = {}
         self.layout: prefix.PrefixLayout | None = None
@@ -110,6 +113,7 @@ class FileTail:
         self.stats = TailStats()
         self.flush_after = flush_after
         self.superseded: list[rotation.Superseded] = []  # truncated generations; the owner takes them
+        self.more = False  # the last poll stopped before the end of what the file held (a backlog)
         self._avoid = avoid_ids
         self._used_ids: set[str] = set()
         self._file: BinaryIO | None = None
@@ -235,6 +239,8 @@ class FileTail:
                 including a last line without newline and the last record of each stream.
                 Without it, the last record of each stream is held back until the next
                 line, or until the file has not grown for ``flush_after`` seconds.
+                At most ``chunk_bytes`` are read per poll; ``more`` tells that the file
+                holds more (then nothing is flushed even with ``final``: poll again).
             ingest_ts: wall-clock time of this read (UTC); defaults to now.
 
         Raises:
@@ -253,9 +259,11 @@ class FileTail:
             if self.identify(final=final) is None:
                 return _concat(out)
             if final or st.st_size > self.offset:
-                res = reader.read_lines(self._file, self.offset, final=final, max_line_bytes=self.max_line_bytes)
+                res = reader.read_lines(self._file, self.offset, final=final, max_line_bytes=self.max_line_bytes,
+                                        chunk_bytes=self.chunk_bytes)
             else:
                 res = reader.ReadResult(next_offset=self.offset)
+            self.more = res.next_offset < st.st_size
             if self._digest is not None and res.next_offset > self.offset:
                 rotation.update_digest(self._digest, self._file, self.offset, res.next_offset)
         except OSError as e:
@@ -270,7 +278,7 @@ class FileTail:
         idle = (now - self._last_growth).total_seconds() >= self.flush_after
         new = self._new_lines(res.lines)
         lines = pl.concat([self.held, new], how="diagonal_relaxed") if not self.held.is_empty() else new
-        out.append(self._emit(lines, flush=final or idle, now=now, mtime=mtime))
+        out.append(self._emit(lines, flush=(final and not self.more) or idle, now=now, mtime=mtime))
         return _concat(out)
 
     def _rewritten(self, size: int, *, final: bool) -> bool:

@@ -56,7 +56,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import polars as pl
 
-from ckptwatch.ingest import discovery, identity, rotation
+from ckptwatch.ingest import discovery, identity, rotation, timestamps
 from ckptwatch.ingest.checkpoint import SourceCheckpoint
 from ckptwatch.ingest.stats import Stats
 from ckptwatch.ingest.tail import FileTail, InputError
@@ -106,6 +106,10 @@ class SourceWatcher:
         self._rejected: dict[Key, tuple[int, int]] = {}  # unreadable file -> (size, mtime_ns) when tried
         self._reported: set[str] = set()
         self._polls = 0
+        self._dated_by_job: dict[str, dt.datetime] = {}  # newest dated line per job / host, for year-less stamps
+        self._dated_by_host: dict[str, dt.datetime] = {}
+        self.backlog = False  # the last poll left bytes unread in some file: poll again before concluding
+        self.bytes_read = 0
 
     def poll(self, *, final: bool = False, now: dt.datetime | None = None) -> pl.DataFrame:
         """Discover the files (paths may be files, directories, or glob patterns like
@@ -115,7 +119,8 @@ class SourceWatcher:
         Args:
             final: the files will not grow (``diagnose``, ``--once``): emit everything,
                 last lines without newline included, and drop the files no watched path
-                points at any more.
+                points at any more. A poll reads at most a chunk of each file; while
+                ``backlog`` is True after it, poll again (the rest is not flushed yet).
             now: wall-clock time of this poll (UTC); defaults to now.
 
         Problems with single files go to ``stats.errors``; this does not raise for them.
@@ -152,14 +157,42 @@ class SourceWatcher:
                 tail = self._start(key, path, sig, final=final)
                 if tail is not None:
                     frames.append(self._poll_tail(tail, final=final, now=now))
-        if final:  # read to the end: no descriptor is held between polls (many files, one diagnose)
+        self.backlog = any(t.more for t in self._tails.values())
+        if final:  # no descriptor is held between polls (many files, one diagnose)
             for tail in self._tails.values():
                 tail.close()
         self._forget()
         frames = [f for f in frames if not f.is_empty()]
         records = pl.concat(frames) if frames else pl.DataFrame(schema=RECORD_SCHEMA)
+        records = self._redate_guessed_years(records)
         self.stats.records += records.height
         return records
+
+    def _redate_guessed_years(self, records: pl.DataFrame) -> pl.DataFrame:
+        """Year-less stamps dated with their file's mtime year (no dated line in their file)
+        take the year closest to the newest dated line of the same job, else of the same
+        host, read so far (in any file); the rest are counted (``year_from_mtime``)."""
+        dated = records.filter((pl.col("ts_source") == "line") & ~pl.col("ts_year_guessed"))
+        for col, ctx in (("job", self._dated_by_job), ("host", self._dated_by_host)):
+            newest = dated.filter(pl.col(col).is_not_null()).group_by(col).agg(pl.col("ts").max())
+            for key, ts in newest.iter_rows():
+                if key not in ctx or ts > ctx[key]:
+                    ctx[key] = ts
+        guessed = records["ts_year_guessed"]
+        if not guessed.any():
+            return records
+        ctx_expr = pl.coalesce(
+            pl.col("job").replace_strict(self._dated_by_job, default=None, return_dtype=records["ts"].dtype),
+            pl.col("host").replace_strict(self._dated_by_host, default=None, return_dtype=records["ts"].dtype),
+        )
+        records = records.with_columns(ctx_expr.alias("_ctx"))
+        unresolved = int((guessed & records["_ctx"].is_null()).sum())
+        self.stats.note("year_from_mtime", unresolved)
+        return records.with_columns(
+            pl.when(pl.col("ts_year_guessed")).then(timestamps.shift_to_year_of(pl.col("ts"), pl.col("_ctx")))
+            .otherwise(pl.col("ts")).alias("ts"),
+            (pl.col("ts_year_guessed") & pl.col("_ctx").is_null()).alias("ts_year_guessed"),
+        ).drop("_ctx")
 
     def checkpoints(self) -> list[SourceCheckpoint]:
         """What to persist once the records returned so far are durable downstream: for
@@ -382,7 +415,9 @@ class SourceWatcher:
         ``stats.errors`` (once per problem) and skipped, the others go on. The generations
         the poll found truncated are added to ``superseded`` too."""
         before_lines, before_skip = tail.stats.lines, dict(tail.stats.skipped)
+        before_offset = tail.offset
         before_utf8 = tail.stats.invalid_utf8
+        before_rejected = tail.stats.ts_rejected
         try:
             recs = tail.poll(final=final, ingest_ts=now)
         except InputError as e:
@@ -396,6 +431,8 @@ class SourceWatcher:
                 superseded += tail.superseded
             tail.superseded.clear()
         self.stats.add_lines(tail.labels.source_kind, tail.stats.lines - before_lines)
+        self.bytes_read += max(0, tail.offset - before_offset)
+        self.stats.note("timestamp_out_of_range", tail.stats.ts_rejected - before_rejected)
         bad_utf8 = tail.stats.invalid_utf8 - before_utf8
         self.stats.invalid_utf8 += bad_utf8
         if bad_utf8:
