@@ -19,8 +19,10 @@ import fnmatch
 import errno
 import logging
 import os
+import shutil
 import signal
 import sys
+import tempfile
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
@@ -111,7 +113,8 @@ def _options(path_template: str | None, boot_time: str | None, rules: list[str] 
 @app.command("diagnose")
 def diagnose_cmd(
     paths: Annotated[list[str], typer.Argument(help="Log files and/or directories (any mix of per-rank "
-                                                    "logs, torchrun console output, kernel logs).")],
+                                                    "logs, torchrun console output, kernel logs); - reads a "
+                                                    "pasted log from standard input.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of the report.")] = False,
     path_template: TemplateOpt = None,
     boot_time: BootOpt = None,
@@ -122,21 +125,55 @@ def diagnose_cmd(
     Exit code 0: no incident; 1: at least one; 2: usage or input error.
     """
     options = _options(path_template, boot_time, rules)
-    try:
-        incidents, stats = diagnose(paths, options)
-    except RuleError as e:
-        raise _fail(str(e)) from None
+    with tempfile.TemporaryDirectory(prefix="ckptwatch-stdin-") as spool:
+        if "-" in paths:  # a pasted log: spooled to a file, read like any other, named <stdin>
+            pasted = os.path.join(spool, "stdin.log")
+            with open(pasted, "wb") as f:
+                shutil.copyfileobj(sys.stdin.buffer, f)
+            paths = [pasted if p == "-" else p for p in paths]
+        try:
+            incidents, stats = diagnose(paths, options, progress=_Progress(_err) if _err.is_terminal else None)
+        except RuleError as e:
+            raise _fail(str(e)) from None
+        if "-" in sys.argv[1:]:
+            stats.errors = [m.replace(os.path.join(spool, "stdin.log"), "<stdin>") for m in stats.errors]
+            stats.unlabelled_files = {k: [f.replace(os.path.join(spool, "stdin.log"), "<stdin>") for f in v]
+                                      for k, v in stats.unlabelled_files.items()}
     if stats.files == 0 or stats.files == stats.skipped.get("unreadable_file", 0):
         for msg in stats.errors:
             _err.print(f"[red]error:[/red] {escape(msg)}", soft_wrap=True)
         raise _fail("no readable log file in " + ", ".join(paths))
     if as_json:
         sys.stdout.write(report.render_json(incidents, stats.to_dict()) + "\n")
-        for msg in stats.errors:
+        for msg in [*stats.errors, *stats.label_warnings()]:
             _err.print(f"[yellow]warning:[/yellow] {escape(msg)}", soft_wrap=True)
     else:
         report.render_text(incidents, Console(highlight=False, soft_wrap=True), stats.to_dict())
     raise typer.Exit(1 if incidents else 0)
+
+
+class _Progress:
+    """Progress of a long read on a terminal: one line on stderr, redrawn at most twice a
+    second (files, MB read, lines, events); cleared when the read ends."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.last = 0.0
+
+    def __call__(self, stats: Any, bytes_read: int) -> None:
+        import time
+
+        now = time.monotonic()
+        if now - self.last < 0.5:
+            return
+        self.last = now
+        self.console.file.write(f"\rreading: {stats.files} files, {bytes_read / 1e6:,.1f} MB, {stats.lines:,} lines, "
+                                f"{stats.events:,} events\x1b[K")
+        self.console.file.flush()
+
+    def __del__(self) -> None:
+        if self.last:
+            self.console.file.write("\r\x1b[K")
 
 
 @app.command("run")

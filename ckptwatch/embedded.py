@@ -61,7 +61,10 @@ class EmbeddedRunner:
             self.detector.process(stored.iter_rows(named=True))
 
     def cycle(self, *, final: bool = False, now: dt.datetime | None = None) -> list[Incident]:
-        """One pass: read, match, store, detect. Returns the incidents that changed."""
+        """One pass: read (a chunk of each file), match, store, detect. Returns the
+        incidents that changed. With ``final``, the input is complete only once
+        ``watcher.backlog`` is False after the read: until then incidents are concluded
+        as the watermark passes them, like a live run, and stored as they are."""
         if self.checkpoints:
             self.checkpoints.poll(wait=final)
         records = self.watcher.poll(final=final, now=now)
@@ -73,7 +76,7 @@ class EmbeddedRunner:
         self._stored.update((c.source_id, c) for c in changed_sources)
         if not events.is_empty():
             self.detector.process(events.iter_rows(named=True), now=now)
-        changed = self.detector.advance(final=final, now=now)
+        changed = self.detector.advance(final=final and not self.watcher.backlog, now=now)
         if changed:
             with self.store.transaction():
                 self.store.upsert_incidents(changed)
@@ -95,6 +98,8 @@ class EmbeddedRunner:
         The caller owns the store and closes it (:meth:`close`)."""
         if once:
             self.cycle(final=True)
+            while self.watcher.backlog:  # a backlog streams: each chunk is stored and judged before the next
+                self.cycle(final=True)
             if self.alerter:
                 self.alerter.drain(drain)
             return

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import polars as pl
@@ -39,19 +39,57 @@ class PipelineOptions:
     detector: DetectorConfig = field(default_factory=DetectorConfig)
 
 
+#: event kinds that belong to one rank of a job: without a rank, blame and shard checks are blind
+RANKED_KINDS = ("save_start", "save_end", "save_error", "process_exit", "collective_timeout", "collective_error",
+                "load_error")
+
+
 def extract_events(rules: RuleSet, records: pl.DataFrame, stats: Stats) -> pl.DataFrame:
-    """Apply the rules to a batch of records; counts records that matched no rule."""
+    """Apply the rules to a batch of records; counts records that matched no rule, and
+    events that carry no job or no rank (:meth:`Stats.label_warnings`)."""
     if records.is_empty():
         return empty_events()
     events = rules.apply(records)
     stats.events += events.height
     stats.skip("no_rule_matched", records.height - events.height)
+    if not events.is_empty():
+        files = dict(records.select("source_id", "file").unique("source_id").iter_rows())
+        _audit_labels(events, stats, files)
     return events
 
 
-def diagnose(paths: Iterable[str], options: PipelineOptions | None = None) -> tuple[list[Incident], Stats]:
-    """Run every stage once over ``paths`` (files, directories and/or glob patterns).
+def _audit_labels(events: pl.DataFrame, stats: Stats, files: dict[str, str]) -> None:
+    """Count the job's own events (not host-level kernel/storage lines) that carry no job,
+    and the ranked ones that carry no rank, per job, remembering a few of their files."""
+    own = events.filter(~pl.col("kind").is_in(["oom_kill", "gpu_xid", "storage_error", "node_lost"])
+                        | pl.col("rank").is_not_null() | pl.col("local_rank").is_not_null())
+    no_job = own.filter(pl.col("job").is_null())
+    if no_job.height:
+        stats.no_job += no_job.height
+        _remember_files(stats, "", no_job, files)
+    no_rank = own.filter(pl.col("job").is_not_null() & pl.col("kind").is_in(RANKED_KINDS)
+                         & pl.col("rank").is_null() & pl.col("local_rank").is_null() & pl.col("pid").is_null())
+    for (job,), part in no_rank.group_by("job"):
+        stats.no_rank[job] = stats.no_rank.get(job, 0) + part.height
+        _remember_files(stats, job, part, files)
 
+
+def _remember_files(stats: Stats, key: str, events: pl.DataFrame, files: dict[str, str]) -> None:
+    seen = stats.unlabelled_files.setdefault(key, [])
+    for sid in events["source_id"].unique(maintain_order=True).to_list():
+        if len(seen) >= 3:
+            break
+        if files.get(sid, sid) not in seen:
+            seen.append(files.get(sid, sid))
+
+
+def diagnose(paths: Iterable[str], options: PipelineOptions | None = None,
+             progress: Callable[[Stats, int], None] | None = None) -> tuple[list[Incident], Stats]:
+    """Run every stage once over ``paths`` (files, directories and/or glob patterns), reading
+    every byte of every file: a chunk of each file per batch, each batch matched and fed to
+    the detector before the next is read (memory holds one batch of records, not the logs).
+
+    ``progress`` is called after each batch with the stats so far and the bytes read.
     Returns the incidents (ordered by first_ts) and the run's stats. Problems with
     individual files end up in ``stats.errors``; a path that does not exist too.
 
@@ -61,14 +99,19 @@ def diagnose(paths: Iterable[str], options: PipelineOptions | None = None) -> tu
     options = options or PipelineOptions()
     rules = RuleSet.load(options.rule_files)
     watcher = SourceWatcher(list(paths), template=options.template, boot_time=options.boot_time)
+    stats = watcher.stats
+    detector = Detector(options.detector)
     try:
-        records = watcher.poll(final=True)
+        while True:
+            records = watcher.poll(final=True)
+            events = extract_events(rules, records, stats)
+            detector.process(events.iter_rows(named=True))
+            if progress is not None:
+                progress(stats, watcher.bytes_read)
+            if not watcher.backlog:
+                break
     finally:
         watcher.close()
-    stats = watcher.stats
-    events = extract_events(rules, records, stats)
-    detector = Detector(options.detector)
-    detector.process(events.iter_rows(named=True))
     detector.advance(final=True)
     stats.duplicate_events = detector.stats.duplicates
     return [i for i in detector.incidents() if i.status != "superseded"], stats

@@ -19,6 +19,13 @@ A line continues the previous one when it
 Any other ``Traceback (most recent call last):`` starts a record. The last record of
 each stream may still grow while a file is being written; callers hold it back (see
 :func:`group_lines` ``final``).
+
+Two processes writing one console interleave: a single line of another process that
+lands inside a traceback (between a frame and the next ``File "…"`` line, or between a
+frame and its code line) is a record of its own, and the traceback goes on past it.
+
+Text pasted from a terminal may be hard-wrapped at the terminal's width: :func:`unwrap`
+joins such pieces back into one line before prefixes are read.
 """
 
 from __future__ import annotations
@@ -48,6 +55,38 @@ def continues_previous(line: pl.Expr, prev: pl.Expr) -> pl.Expr:
     )
 
 
+#: how a line that starts a record of its own begins (a time, a label, a traceback, an indent)
+_STARTS_RECORD = (r"^(?:\[|\(|\{|\s|\d{4}-\d{2}-\d{2}|\d{1,2}/\d{1,2}/\d{4}|[IWEF]\d{3,4} |Traceback"
+                  r"|[A-Z][a-z]{2} +\d|[A-Za-z0-9][\w.-]*: )")
+
+
+def unwrap(lines: pl.DataFrame, *, min_width: int = 60, max_width: int = 512, min_wrapped: int = 3) -> pl.DataFrame:
+    """Join lines hard-wrapped by a terminal: when at least ``min_wrapped`` lines of the
+    batch have exactly the batch's longest length W (``min_width`` to ``max_width``
+    characters: a terminal's width), a line of length W is continued by the next line,
+    glued without a separator (the wrap falls mid-word), unless that next line starts a
+    record of its own (a time, a label, a bracket, an indent, a traceback). ``lines``:
+    ``offset``, ``line`` in file order (raw, prefixes not removed); the joined line keeps
+    the offset of its first piece."""
+    if lines.height < 2:
+        return lines
+    width = lines["line"].str.len_chars()
+    top = width.max()
+    if top is None or not min_width <= top <= max_width or int((width == top).sum()) < min_wrapped:
+        return lines
+    wrapped = (width == top).shift(1).fill_null(False) & ~lines["line"].str.contains(_STARTS_RECORD)
+    return (
+        lines.with_columns((~wrapped).cum_sum().alias("_w"))
+        .group_by("_w", maintain_order=True)
+        .agg(pl.col("offset").first(), pl.col("line").str.join(""))
+        .drop("_w")
+        .select(lines.columns)
+    )
+
+
+_FRAME = r"^[ \t]+File \""
+
+
 def group_lines(lines: pl.DataFrame, *, final: bool) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Group lines into records.
 
@@ -66,22 +105,36 @@ def group_lines(lines: pl.DataFrame, *, final: bool) -> tuple[pl.DataFrame, pl.D
     if lines.is_empty():
         return lines, lines
     lines = lines.filter(pl.col("line").str.strip_chars() != "")
-    prev = pl.col("line").shift(1).over("stream_key")
-    marked = lines.with_columns(
-        (~continues_previous(pl.col("line"), prev)).cast(pl.Int32).cum_sum().over("stream_key").alias("_gid")
+    line = pl.col("line")
+    prev = line.shift(1).over("stream_key")
+    nxt = line.shift(-1).over("stream_key")
+    # one line of another writer inside a traceback: its own record; the traceback goes on past it
+    intruder = (
+        ~continues_previous(line, prev)
+        & prev.str.contains(r"^[ \t]").fill_null(False)
+        & (nxt.str.contains(_FRAME) | (nxt.str.contains(r"^[ \t]") & prev.str.contains(_FRAME))).fill_null(False)
     )
+    lines = lines.with_columns(intruder.alias("_intruder"))
+    kept = lines.filter(~pl.col("_intruder"))
+    kept = kept.with_columns(
+        (~continues_previous(line, line.shift(1).over("stream_key"))).cast(pl.Int32).cum_sum().over("stream_key")
+        .alias("_gid")
+    )
+    intruders = lines.filter(pl.col("_intruder")).with_columns(
+        (-pl.int_range(1, pl.len() + 1, dtype=pl.Int32)).alias("_gid"))
+    marked = pl.concat([kept, intruders]).sort("offset").drop("_intruder")
     if final:
         held = marked.clear()
     else:
         is_last = pl.col("_gid") == pl.col("_gid").max().over("stream_key")
         held = marked.filter(is_last)
         marked = marked.filter(~is_last)
-    other = [c for c in lines.columns if c not in ("stream_key", "line", "_gid")]
+    other = [c for c in lines.columns if c not in ("stream_key", "line", "_gid", "_intruder")]
     records = (
         marked.group_by(["stream_key", "_gid"], maintain_order=True)
         .agg([pl.col(c).first() for c in other] + [pl.col("line").str.join("\n")])
         .drop("_gid")
         .sort("offset")
-        .select(lines.columns)
+        .select([c for c in lines.columns if c != "_intruder"])
     )
     return records, held.drop("_gid")

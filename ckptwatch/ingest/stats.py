@@ -26,6 +26,11 @@ class Stats:
     notes: dict[str, int] = field(default_factory=dict)
     lines_by_kind: dict[str, int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    #: events of a job's own kinds that carry no job, and per job those that carry no rank
+    #: (neither rank nor local rank), with a few of their files: see :meth:`label_warnings`
+    no_job: int = 0
+    no_rank: dict[str, int] = field(default_factory=dict)
+    unlabelled_files: dict[str, list[str]] = field(default_factory=dict)
 
     def skip(self, reason: str, n: int = 1) -> None:
         self.skipped[reason] = self.skipped.get(reason, 0) + n
@@ -40,10 +45,25 @@ class Stats:
             self.lines += n
             self.lines_by_kind[source_kind] = self.lines_by_kind.get(source_kind, 0) + n
 
+    def label_warnings(self) -> list[str]:
+        """One line per labelling gap, with the count and what would fix it."""
+        out = []
+        if self.no_job:
+            files = ", ".join(self.unlabelled_files.get("", [])[:3])
+            out.append(f"{self.no_job} event(s) carry no job (e.g. in {files}): they are judged together as job "
+                       "'unknown'; name the job with --path-template, e.g. '{job}/rank{rank}.log' or "
+                       "'{job}/{host}/*.log', or keep each job's logs in a directory named after it")
+        for job, n in sorted(self.no_rank.items()):
+            files = ", ".join(self.unlabelled_files.get(job, [])[:3])
+            out.append(f"job {job}: {n} save/failure event(s) carry no rank (e.g. in {files}): blame and shard "
+                       "checks need one; label the files with --path-template '.../rank{rank}.log', or log with "
+                       "torchrun --tee 3 / srun --label (a single-process job is rank 0 and needs nothing)")
+        return out
+
     def to_dict(self) -> dict[str, object]:
         return {
             "files": self.files, "lines": self.lines, "records": self.records, "events": self.events,
             "duplicate_events": self.duplicate_events, "invalid_utf8": self.invalid_utf8,
             "skipped": dict(sorted(self.skipped.items())), "notes": dict(sorted(self.notes.items())),
-            "errors": list(self.errors),
+            "errors": list(self.errors), "warnings": self.label_warnings(),
         }

@@ -307,10 +307,10 @@ class FileTail:
         assert self.source_id is not None
         if self.layout is None and lines:
             self.layout = prefix.sniff([t for _, t in lines[:300]])
-        new = pl.DataFrame(
+        new = multiline.unwrap(pl.DataFrame(
             {"offset": [o for o, _ in lines], "line": [t for _, t in lines]},
             schema={"offset": pl.Int64, "line": pl.Utf8},
-        )
+        ))
         self._learn_rank_map(new)
         multi_node = any(k != v for k, v in self.rank_map.items())
         new = prefix.split_prefixes(new, layout=self.layout or prefix.PrefixLayout(), rank_prefix_is_local=multi_node)

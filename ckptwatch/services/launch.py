@@ -33,6 +33,8 @@ def collect(config: Config, options: PipelineOptions, *, once: bool, until_idle:
     try:
         if once:
             collector.step(final=True)
+            while collector.watcher.backlog:  # every byte: a chunk of each file per step
+                collector.step(final=True)
         else:
             run_steps([collector.step], interval=config.collect.interval, until_idle=until_idle)
     finally:
@@ -87,6 +89,8 @@ def run_all(config: Config, options: PipelineOptions, store: Store, *, once: boo
     try:
         if once:
             collector.step(final=True)
+            while collector.watcher.backlog:  # every byte: a chunk of each file per step
+                collector.step(final=True)
             run_steps([member.step, sinker.step], interval=0.2, until_idle=until_idle or 5.0)
             if alerter:
                 alerter.drain(30.0)

@@ -80,9 +80,11 @@ def render_text(incidents: list[Incident], console: Console, stats: dict[str, An
         console.print()
     if stats:
         skipped = ", ".join(f"{k} {v}" for k, v in stats.get("skipped", {}).items()) or "none"
+        notes = "".join(f", {k.replace('_', ' ')} {v}" for k, v in stats.get("notes", {}).items())
         console.print(f"[dim]{stats.get('files', 0)} files, {stats.get('lines', 0)} lines, {stats.get('events', 0)} events "
-                      f"({stats.get('duplicate_events', 0)} seen twice), skipped: {skipped}[/dim]")
-        for err in stats.get("errors", []):
+                      f"({stats.get('duplicate_events', 0)} seen twice), {len(incidents)} incident(s), "
+                      f"skipped: {skipped}{notes}[/dim]")
+        for err in [*stats.get("errors", []), *stats.get("warnings", [])]:
             console.print(f"[yellow]warning:[/yellow] {escape(err)}")
 
 
