@@ -98,7 +98,7 @@ def diagnose(paths: Iterable[str], options: PipelineOptions | None = None,
     """
     options = options or PipelineOptions()
     rules = RuleSet.load(options.rule_files)
-    watcher = SourceWatcher(list(paths), template=options.template, boot_time=options.boot_time)
+    watcher = SourceWatcher(list(paths), template=options.template, boot_time=options.boot_time, archives=True)
     stats = watcher.stats
     detector = Detector(options.detector)
     try:

@@ -2,7 +2,8 @@
 
 Files named directly are always read. Directories are walked (sorted, recursively,
 symlinked directories not followed) and every file is taken except checkpoint payloads
-and structured side files that are not logs: see :data:`SKIP_SUFFIXES`. A path with
+and structured side files that are not logs (see :data:`SKIP_SUFFIXES`; JSON-lines logs,
+``.jsonl``, are read) and compressed rotated logs unless asked for (``archives``). A path with
 ``*``, ``?`` or ``[`` is a glob pattern (``logs/**/*.log``; ``**`` spans directories):
 the regular files it matches are taken as if named directly, the directories it matches
 are not walked, and matching nothing is not an error (the files may come later). Whether
@@ -17,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 SKIP_SUFFIXES = (
-    ".json", ".jsonl", ".distcp", ".metadata", ".pt", ".pth", ".bin", ".safetensors", ".ckpt",
+    ".json", ".distcp", ".metadata", ".pt", ".pth", ".bin", ".safetensors", ".ckpt",
     ".duckdb", ".wal", ".tmp", ".gz", ".zip", ".tar", ".npy", ".npz", ".pkl", ".lock",
 )
 
@@ -30,9 +31,15 @@ class Found:
     error: str | None = None
 
 
-def discover(paths: Iterable[str]) -> list[Found]:
+ARCHIVE_SUFFIXES = (".gz",)
+
+
+def discover(paths: Iterable[str], *, archives: bool = False) -> list[Found]:
     """Expand files, directories and glob patterns into the files to read, in a stable
-    order; each file once (by real path)."""
+    order; each file once (by real path). ``archives``: take compressed rotated logs
+    (``train.log.1.gz``) found in directories too (one-shot reads: a live tail has read
+    their lines before they were rotated and compressed)."""
+    skip = tuple(s for s in SKIP_SUFFIXES if not (archives and s in ARCHIVE_SUFFIXES))
     out: list[Found] = []
     seen: set[str] = set()
     for p in paths:
@@ -43,7 +50,7 @@ def discover(paths: Iterable[str]) -> list[Found]:
             for root, dirs, files in os.walk(p, onerror=lambda e: out.append(Found(e.filename, str(e.strerror)))):
                 dirs[:] = sorted(d for d in dirs if not d.startswith(".") and not os.path.islink(os.path.join(root, d)))
                 for f in sorted(files):
-                    if f.startswith(".") or f.endswith(SKIP_SUFFIXES):
+                    if f.startswith(".") or f.endswith(skip):
                         continue
                     candidates.append(os.path.join(root, f))
         elif any(c in p for c in "*?["):  # an existing path is taken literally, even with these

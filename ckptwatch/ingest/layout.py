@@ -8,7 +8,10 @@ Three sources, strongest first:
 2. torchrun's own ``--log-dir`` layout:
    ``<log_dir>/<run_id>_<8 random chars>/attempt_<n>/<local_rank>/{stdout,stderr}.log``
    (``run_id`` is the job; see ``torch.distributed.elastic.multiprocessing``);
-3. for a torchrun console file (``console.log`` or any file beside a ``--log-dir``), the
+3. a Slurm batch output file, ``slurm-<jobid>.out`` / ``slurm-<jobid>_<task>.out``
+   (sbatch's default ``--output``): the job is ``slurm-<jobid>[_<task>]`` unless a line
+   of the file names one (a torchrun ``run_id``, which its ``--log-dir`` files carry too);
+4. for a torchrun console file (``console.log`` or any file beside a ``--log-dir``), the
    run id of the single torchrun run directory next to it.
 
 Labels found in the lines themselves (``job_id=…``, ``[rank3]:``) are applied later and
@@ -26,6 +29,7 @@ TORCHRUN_RE = re.compile(
     r"(?:^|/)(?P<run_id>[^/]+)_(?P<rand>[a-z0-9_]{8})/attempt_(?P<attempt>\d+)/(?P<local_rank>\d+)/"
     r"(?P<stream>stdout|stderr)\.log$"
 )
+SLURM_OUT_RE = re.compile(r"(?:^|/)(?P<job>slurm-\d+(?:_\d+)?)\.(?:out|err)$")
 _FIELD_RE = re.compile(r"\{(job|host|rank|local_rank|attempt)\}")
 _INT_FIELDS = ("rank", "local_rank", "attempt")
 
@@ -46,6 +50,7 @@ class PathLabels:
     local_rank: int | None = None
     attempt: int | None = None
     source_kind: str = "log"
+    fallback_job: str | None = None  # the job when no line of the file names one
 
 
 def compile_template(template: str) -> re.Pattern[str]:
@@ -109,6 +114,9 @@ def labels_for(path: str, template: re.Pattern[str] | None = None) -> PathLabels
             attempt=int(m.group("attempt")),
             source_kind="worker",
         )
+    m = SLURM_OUT_RE.search(norm)
+    if m:
+        return PathLabels(fallback_job=m.group("job"), source_kind="console")
     parent = os.path.dirname(path)
     run_ids = []
     for sub in ("torchrun_logs", "logs", "log_dir"):

@@ -28,6 +28,7 @@ deleted while it is followed is still read to its end (like ``tail -F``):
 from __future__ import annotations
 
 import datetime as dt
+import gzip
 import hashlib
 import os
 import re
@@ -121,6 +122,7 @@ class FileTail:
         self._seen: tuple[int, int] | None = None  # (size, mtime_ns) at the last poll
         self._digest = hashlib.sha256() if offset == 0 else None  # of bytes [0, offset), if known
         self._last_growth: dt.datetime | None = None
+        self._gz_size: tuple[tuple[int, int], int] | None = None  # ((size, mtime_ns), decompressed length)
 
     @property
     def key(self) -> tuple[int, int] | None:
@@ -157,6 +159,8 @@ class FileTail:
         try:
             self._file = open(self.path, "rb")
             st = os.fstat(self._file.fileno())
+            if self.path.endswith(".gz"):  # a compressed rotated log: read through gzip, offsets decompressed
+                self._file = gzip.GzipFile(fileobj=self._file, mode="rb")  # type: ignore[assignment]
         except OSError as e:
             self.close()
             raise InputError(f"{self.path}: cannot read: {e.strerror or e}") from None
@@ -186,8 +190,8 @@ class FileTail:
             if reader.looks_binary(self._file):
                 raise InputError(f"{self.path}: binary data (NUL bytes in the first 8 KiB), not a text log; skipped")
             head = identity.read_head(self._file, final=final)
-        except OSError as e:
-            raise InputError(f"{self.path}: cannot read: {e.strerror or e}") from None
+        except (OSError, EOFError) as e:  # EOFError: a truncated .gz
+            raise InputError(f"{self.path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
         if head is not None:
             self.head = head
             dev, ino = self._key
@@ -253,21 +257,22 @@ class FileTail:
         try:
             st = os.fstat(self._file.fileno())
             mtime = dt.datetime.fromtimestamp(st.st_mtime, dt.timezone.utc)
+            size = self._size(st)
             seen, self._seen = self._seen, (st.st_size, st.st_mtime_ns)
-            if self.source_id is not None and self._seen != seen and self._rewritten(st.st_size, final=final):
+            if self.source_id is not None and self._seen != seen and self._rewritten(size, final=final):
                 out.append(self._supersede(now, mtime, seen[1] if seen else None))
             if self.identify(final=final) is None:
                 return _concat(out)
-            if final or st.st_size > self.offset:
+            if final or size > self.offset:
                 res = reader.read_lines(self._file, self.offset, final=final, max_line_bytes=self.max_line_bytes,
                                         chunk_bytes=self.chunk_bytes)
             else:
                 res = reader.ReadResult(next_offset=self.offset)
-            self.more = res.next_offset < st.st_size
+            self.more = res.next_offset < size
             if self._digest is not None and res.next_offset > self.offset:
                 rotation.update_digest(self._digest, self._file, self.offset, res.next_offset)
-        except OSError as e:
-            raise InputError(f"{self.path}: cannot read: {e.strerror or e}") from None
+        except (OSError, EOFError) as e:  # EOFError: a truncated .gz
+            raise InputError(f"{self.path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
         self.offset = res.next_offset
         self.stats.lines += len(res.lines)
         self.stats.invalid_utf8 += res.invalid_utf8
@@ -280,6 +285,19 @@ class FileTail:
         lines = pl.concat([self.held, new], how="diagonal_relaxed") if not self.held.is_empty() else new
         out.append(self._emit(lines, flush=(final and not self.more) or idle, now=now, mtime=mtime))
         return _concat(out)
+
+    def _size(self, st: os.stat_result) -> int:
+        """The file's length in the offsets lines are read at: its size, or for a ``.gz`` the
+        decompressed length its trailer records (ISIZE, RFC 1952; modulo 4 GiB). Raises
+        OSError if it cannot be read."""
+        if not isinstance(self._file, gzip.GzipFile):
+            return st.st_size
+        if self._gz_size is None or self._gz_size[0] != (st.st_size, st.st_mtime_ns):
+            with open(self.path, "rb") as raw:
+                raw.seek(max(0, st.st_size - 4))
+                tail = raw.read(4)
+            self._gz_size = ((st.st_size, st.st_mtime_ns), int.from_bytes(tail, "little") if len(tail) == 4 else 0)
+        return self._gz_size[1]
 
     def _rewritten(self, size: int, *, final: bool) -> bool:
         """True if the file was truncated since the last poll: shorter than the read offset,
@@ -371,13 +389,16 @@ class FileTail:
     def _jobs(self, records: pl.DataFrame) -> pl.Expr:
         """The job of each record: a path label; else a JSON field; else the last line of the
         file that named one (``run_id : …``, ``job_id=…``; lines before the first such line
-        take it too), carried across polls in ``job``."""
+        take it too), carried across polls in ``job``; else the file name's (Slurm's
+        ``slurm-<jobid>.out``)."""
         lab = self.labels
         if lab.job is not None or lab.source_kind == "worker":
             return pl.coalesce(pl.col("prefix_job"), pl.lit(self.job, dtype=pl.Utf8))
         mention = records["line"].str.extract(_JOB_MENTION, 1)
         named = mention.forward_fill()
         named = named.fill_null(self.job) if self.job is not None else named.backward_fill()
+        if lab.fallback_job is not None:
+            named = named.fill_null(lab.fallback_job)
         if named.drop_nulls().len():
             self.job = named.drop_nulls()[-1]
         return pl.coalesce(pl.col("prefix_job"), pl.lit(named))

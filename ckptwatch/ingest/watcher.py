@@ -79,6 +79,7 @@ class SourceWatcher:
             emitted, and a file no watched path points at any more is dropped.
         forget_after_polls: polls for which checkpoints of sources not followed any more
             are kept (see the module docstring).
+        archives: read ``.gz`` rotated logs found in directories too (one-shot reads).
 
     ``stats`` counts files, lines, records, invalid UTF-8, skipped input and errors
     (messages naming the file and the reason; the same problem is reported once).
@@ -88,13 +89,14 @@ class SourceWatcher:
     def __init__(self, paths: Sequence[str], *, template: re.Pattern[str] | None = None,
                  boot_time: dt.datetime | None = None, committed: Mapping[str, SourceCheckpoint] | None = None,
                  exclude: Callable[[str], bool] | None = None, flush_after: float = 2.0,
-                 forget_after_polls: int = 5) -> None:
+                 forget_after_polls: int = 5, archives: bool = False) -> None:
         self.paths = list(paths)
         self.template = template
         self.boot_time = boot_time
         self.exclude = exclude or (lambda path: False)
         self.flush_after = flush_after
         self.forget_after_polls = forget_after_polls
+        self.archives = archives
         self.stats = Stats()
         self._tails: dict[Key, FileTail] = {}
         # source id -> (generation not followed any more, poll it stopped being followed at)
@@ -212,7 +214,7 @@ class SourceWatcher:
         """The regular files under the paths now: ``(device, inode)`` -> (path, (size,
         mtime_ns)); the first path of a file wins."""
         at: dict[Key, tuple[str, tuple[int, int]]] = {}
-        for found in discovery.discover(self.paths):
+        for found in discovery.discover(self.paths, archives=self.archives):
             if found.error:
                 self._error(f"{found.path}: {found.error}")
                 continue

@@ -80,7 +80,8 @@ def render_text(incidents: list[Incident], console: Console, stats: dict[str, An
         console.print()
     if stats:
         skipped = ", ".join(f"{k} {v}" for k, v in stats.get("skipped", {}).items()) or "none"
-        notes = "".join(f", {k.replace('_', ' ')} {v}" for k, v in stats.get("notes", {}).items())
+        notes = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in stats.get("notes", {}).items())
+        notes = f"; dated with care: {notes}" if notes else ""
         console.print(f"[dim]{stats.get('files', 0)} files, {stats.get('lines', 0)} lines, {stats.get('events', 0)} events "
                       f"({stats.get('duplicate_events', 0)} seen twice), {len(incidents)} incident(s), "
                       f"skipped: {skipped}{notes}[/dim]")
