@@ -36,6 +36,7 @@ from ckptwatch.config import Config
 from ckptwatch.detectors.incident import DEFAULT_SEVERITY
 from ckptwatch.ingest import timestamps
 from ckptwatch.ingest.layout import TemplateError, compile_template
+from ckptwatch.ingest.prefix import LinePrefixError, compile_line_prefix
 from ckptwatch.integrity.cli import register as register_integrity
 from ckptwatch.pipeline import PipelineOptions, diagnose
 from ckptwatch.rules import RuleError, check_rule_files
@@ -69,6 +70,9 @@ TemplateOpt = Annotated[str | None, typer.Option("--path-template", help="Labels
                                                   "local_rank, attempt; * matches within a path part).")]
 BootOpt = Annotated[str | None, typer.Option("--boot-time", help="Boot time (ISO 8601, UTC if no zone) "
                                               "for kernel '[ seconds]' timestamps.")]
+LinePrefixOpt = Annotated[str | None, typer.Option(
+    "--line-prefix", help="The torchrun --log-line-prefix-template the consoles were written with, e.g. "
+    "'${hostname}:${rank}: ' (macros: role_name, local_rank, rank, hostname): read exactly.")]
 RulesOpt = Annotated[list[str] | None, typer.Option("--rules", help="Extra rule pack file or directory "
                                                      "(repeatable), loaded after the packaged packs.")]
 
@@ -94,7 +98,13 @@ def _fail(msg: str, code: int = 2) -> typer.Exit:
     return typer.Exit(code)
 
 
-def _options(path_template: str | None, boot_time: str | None, rules: list[str] | None) -> PipelineOptions:
+def _options(path_template: str | None, boot_time: str | None, rules: list[str] | None,
+             line_prefix: str | None = None) -> PipelineOptions:
+    if line_prefix:
+        try:
+            compile_line_prefix(line_prefix)
+        except LinePrefixError as e:
+            raise _fail(f"--line-prefix: {e}") from None
     try:
         template = compile_template(path_template) if path_template else None
     except TemplateError as e:
@@ -107,7 +117,7 @@ def _options(path_template: str | None, boot_time: str | None, rules: list[str] 
     for r in rules or []:
         if not os.path.exists(r):
             raise _fail(f"--rules {r}: does not exist")
-    return PipelineOptions(template=template, boot_time=boot, rule_files=tuple(rules or ()))
+    return PipelineOptions(template=template, boot_time=boot, rule_files=tuple(rules or ()), line_prefix=line_prefix)
 
 
 @app.command("diagnose")
@@ -117,6 +127,7 @@ def diagnose_cmd(
                                                     "pasted log from standard input.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of the report.")] = False,
     path_template: TemplateOpt = None,
+    line_prefix: LinePrefixOpt = None,
     boot_time: BootOpt = None,
     rules: RulesOpt = None,
 ) -> None:
@@ -124,7 +135,7 @@ def diagnose_cmd(
 
     Exit code 0: no incident; 1: at least one; 2: usage or input error.
     """
-    options = _options(path_template, boot_time, rules)
+    options = _options(path_template, boot_time, rules, line_prefix)
     with tempfile.TemporaryDirectory(prefix="ckptwatch-stdin-") as spool:
         if "-" in paths:  # a pasted log: spooled to a file, read like any other, named <stdin>
             pasted = os.path.join(spool, "stdin.log")
@@ -188,6 +199,7 @@ def run_cmd(
     partitions: PartitionsOpt = None,
     until_idle: UntilIdleOpt = None,
     path_template: TemplateOpt = None,
+    line_prefix: LinePrefixOpt = None,
     boot_time: BootOpt = None,
     rules: RulesOpt = None,
     metrics_port: MetricsPortOpt = None,
@@ -205,7 +217,7 @@ def run_cmd(
     cfg = _config(config, {"kafka": {"bootstrap_servers": kafka, "partitions": partitions},
                            "collect": {"interval": interval, "checkpoint_roots": checkpoint_root or None},
                            "metrics": {"port": metrics_port, "address": metrics_address}}, need_kafka=False)
-    options = _options(path_template, boot_time, rules)
+    options = _options(path_template, boot_time, rules, line_prefix)
     # a relative verification log lives next to the database, like the run's other state
     verify_log = os.path.join(os.path.dirname(os.path.abspath(db)), cfg.collect.verify_log)
     cfg = dataclasses.replace(cfg, collect=dataclasses.replace(cfg.collect, verify_log=verify_log))
@@ -362,6 +374,7 @@ def collect_cmd(
     until_idle: UntilIdleOpt = None,
     partitions: PartitionsOpt = None,
     path_template: TemplateOpt = None,
+    line_prefix: LinePrefixOpt = None,
     boot_time: BootOpt = None,
     rules: RulesOpt = None,
     metrics_port: MetricsPortOpt = None,
@@ -373,14 +386,16 @@ def collect_cmd(
 
     cfg = _config(config, {"kafka": {"bootstrap_servers": kafka, "partitions": partitions},
                            "collect": {"paths": paths or None, "checkpoint": checkpoint,
-                                       "path_template": path_template, "boot_time": boot_time,
+                                       "path_template": path_template, "line_prefix": line_prefix,
+                                       "boot_time": boot_time,
                                        "checkpoint_roots": checkpoint_root or None},
                            "metrics": {"port": metrics_port, "address": metrics_address}}, need_kafka=True)
     if not cfg.collect.paths:
         raise _fail("nothing to collect: give paths, or paths in the config file's collect section")
     if not cfg.collect.checkpoint:
         cfg = dataclasses.replace(cfg, collect=dataclasses.replace(cfg.collect, checkpoint="ckptwatch-collect.json"))
-    options = _options(cfg.collect.path_template or None, cfg.collect.boot_time or None, rules)
+    options = _options(cfg.collect.path_template or None, cfg.collect.boot_time or None, rules,
+                       cfg.collect.line_prefix or None)
     _info(f"collect: {', '.join(cfg.collect.paths)} -> {cfg.kafka.events_topic} at {cfg.kafka.bootstrap_servers}; "
           f"offsets in {cfg.collect.checkpoint}")
     metrics = _start_metrics(ctx, cfg)

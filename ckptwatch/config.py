@@ -17,6 +17,7 @@ File layout (every key optional; see ``examples/ckptwatch.toml``)::
     [collect]
     paths = ["/var/log/train/**/*.log"]    # files, directories or glob patterns
     path_template = "{job}/rank{rank}.log"
+    line_prefix = "${hostname}:${rank}: "   # torchrun --log-line-prefix-template, if the consoles use one
     checkpoint = "ckptwatch-collect.json"  # durable source offsets (default: that, in the cwd)
     interval = 0.5                         # seconds between polls
     checkpoint_roots = ["/ckpt/run-7"]     # verify each new checkpoint under these (integrity events)
@@ -89,6 +90,7 @@ class CollectSettings:
 
     paths: list[str] = field(default_factory=list)
     path_template: str = ""
+    line_prefix: str = ""  # the torchrun --log-line-prefix-template of the consoles
     boot_time: str = ""
     checkpoint: str = ""  # empty: ckptwatch-collect.json (collect), <db>.collect.json (run --kafka)
     interval: float = 0.5

@@ -30,12 +30,15 @@ class PipelineOptions:
 
     ``template``: a compiled path template (see :mod:`ckptwatch.ingest.layout`);
     ``boot_time``: UTC boot time for kernel ``[seconds]`` stamps; ``rule_files``: extra
-    rule packs (files or directories) loaded after the packaged ones.
+    rule packs (files or directories) loaded after the packaged ones; ``line_prefix``: the
+    torchrun ``--log-line-prefix-template`` the consoles were written with
+    (:func:`ckptwatch.ingest.prefix.compile_line_prefix`).
     """
 
     template: re.Pattern[str] | None = None
     boot_time: dt.datetime | None = None
     rule_files: tuple[str, ...] = ()
+    line_prefix: str | None = None
     detector: DetectorConfig = field(default_factory=DetectorConfig)
 
 
@@ -98,7 +101,8 @@ def diagnose(paths: Iterable[str], options: PipelineOptions | None = None,
     """
     options = options or PipelineOptions()
     rules = RuleSet.load(options.rule_files)
-    watcher = SourceWatcher(list(paths), template=options.template, boot_time=options.boot_time, archives=True)
+    watcher = SourceWatcher(list(paths), template=options.template, boot_time=options.boot_time,
+                            line_prefix=options.line_prefix, archives=True)
     stats = watcher.stats
     detector = Detector(options.detector)
     try:

@@ -7,7 +7,8 @@ Three sources, strongest first:
    matched against the end of the path;
 2. torchrun's own ``--log-dir`` layout:
    ``<log_dir>/<run_id>_<8 random chars>/attempt_<n>/<local_rank>/{stdout,stderr}.log``
-   (``run_id`` is the job; see ``torch.distributed.elastic.multiprocessing``);
+   (``run_id`` is the job, see ``torch.distributed.elastic.multiprocessing``; torchrun's
+   default run id ``none`` is shared by every run, so then the directory name is);
 3. a Slurm batch output file, ``slurm-<jobid>.out`` / ``slurm-<jobid>_<task>.out``
    (sbatch's default ``--output``): the job is ``slurm-<jobid>[_<task>]`` unless a line
    of the file names one (a torchrun ``run_id``, which its ``--log-dir`` files carry too);
@@ -85,10 +86,17 @@ def _torchrun_run_dirs(log_dir: str) -> list[str]:
         return []
     out = []
     for n in names:
-        m = re.fullmatch(r"(?P<run_id>.+)_[a-z0-9_]{8}", n)
+        m = re.fullmatch(r"(?P<run_id>.+)_(?P<rand>[a-z0-9_]{8})", n)
         if m and os.path.isdir(os.path.join(log_dir, n)):
-            out.append(m.group("run_id"))
+            out.append(_job_of_run_dir(m.group("run_id"), m.group("rand")))
     return out
+
+
+def _job_of_run_dir(run_id: str, rand: str) -> str:
+    """The job a torchrun ``--log-dir`` run directory stands for: its run id, unless that is
+    torchrun's default ``none`` (no ``--rdzv-id``), which every such run shares: then the
+    directory's name (``none_h_tq81hv``), unique per run."""
+    return f"{run_id}_{rand}" if run_id == "none" else run_id
 
 
 def labels_for(path: str, template: re.Pattern[str] | None = None) -> PathLabels:
@@ -109,7 +117,7 @@ def labels_for(path: str, template: re.Pattern[str] | None = None) -> PathLabels
     m = TORCHRUN_RE.search(norm)
     if m:
         return PathLabels(
-            job=m.group("run_id"),
+            job=_job_of_run_dir(m.group("run_id"), m.group("rand")),
             local_rank=int(m.group("local_rank")),
             attempt=int(m.group("attempt")),
             source_kind="worker",

@@ -17,12 +17,19 @@ srun ``--label``    ``3: `` / `` 3: ``           global rank: Slurm's task id, p
                                                  width of the largest (srun(1) ``-l``); only
                                                  when the file is laid out so (:func:`sniff`)
 host:task           ``[node-a:3]: ``             host and global rank (task id)
+host:rank           ``node-a:3: ``               host and global rank (torchrun
+                                                 ``--log-line-prefix-template "${hostname}:${rank}: "``,
+                                                 the example of torch/distributed/run.py);
+                                                 only when the file is laid out so
+torchrun ``[N]:``   ``[3]: ``                    global rank (template ``[${rank}]:``)
+user template       ``--line-prefix '…'``        exactly what its macros say (read first)
 Open MPI            ``[1,3]<stdout>:``           global rank (``mpirun --tag-output``)
 Ray                 ``(RayTrainWorker pid=N,     pid and host (the ip); Ray's worker log
                     ip=10.0.0.2) ``              prefix
 torchrun ``--tee``  ``[default2]:``,             local rank: ``[<role><local_rank>]:``; with
                     ``[trainer2]:``              ``--role rank`` it reads ``[rank2]:`` too
-                                                 (see below)
+                                                 (see below); ``[trainer2|5]:`` (a template
+                                                 of the same shape) gives local rank 2
 c10d excepthook     ``[rank3]:``                 global rank (``torch.distributed`` prefixes
                                                  an uncaught exception's lines after
                                                  ``init_process_group``)
@@ -55,6 +62,9 @@ JSON_KEYS = {
     "job": ("job", "job_id", "run_id", "jobid"),
 }
 HOST_PREFIX_RE = r"^(?P<host>[A-Za-z0-9][A-Za-z0-9._-]*): "
+HOST_RANK_RE = r"^(?P<host>[A-Za-z0-9][A-Za-z0-9._-]*):(?P<rank>\d{1,6}): "
+BARE_RANK_RE = r"^\[(?P<rank>\d{1,6})\]: ?"
+ROLE_PAIR_RE = r"^\[(?P<role>[A-Za-z_][A-Za-z_-]*?)(?P<local_rank>\d+)[|:,/](?P<other>\d+)\]:"
 TASK_PREFIX_RE = r"^ *(?P<task>\d{1,6}): "
 HOST_TASK_RE = r"^\[(?P<host>[A-Za-z0-9][A-Za-z0-9._-]*):(?P<task>\d{1,6})\]:? ?"
 OMPI_RE = r"^\[\d+,(?P<task>\d{1,6})\]<(?:stdout|stderr)>: ?"
@@ -71,10 +81,44 @@ _NOT_HOSTS = {"info", "warning", "warn", "error", "debug", "critical", "fatal", 
 @dataclass(frozen=True)
 class PrefixLayout:
     """How a file's lines are labelled, decided once per file from its first lines
-    (:func:`sniff`): ``host_prefix`` (pdsh's ``host: ``), ``task_prefix`` (srun's ``N: ``)."""
+    (:func:`sniff`): ``host_prefix`` (pdsh's ``host: ``), ``task_prefix`` (srun's ``N: ``),
+    ``host_rank_prefix`` (torchrun ``--log-line-prefix-template "${hostname}:${rank}: "``);
+    ``template``: a user's torchrun prefix template (:func:`compile_line_prefix`), read
+    exactly, before anything else."""
 
     host_prefix: bool = False
     task_prefix: bool = False
+    host_rank_prefix: bool = False
+    template: str | None = None
+
+
+_MACROS = {"role_name": r"(?P<role>[A-Za-z_][A-Za-z_-]*?)", "local_rank": r"(?P<local_rank>\d+)",
+           "rank": r"(?P<rank>\d+)", "hostname": r"(?P<host>[A-Za-z0-9][A-Za-z0-9._-]*?)"}
+
+
+class LinePrefixError(ValueError):
+    """A line prefix template that cannot be used (names the template and the reason)."""
+
+
+def compile_line_prefix(template: str) -> str:
+    """A torchrun ``--log-line-prefix-template`` (macros ``${role_name}``, ``${local_rank}``,
+    ``${rank}``, ``${hostname}``; torch/distributed/run.py) as an anchored regex with named
+    groups. Raises LinePrefixError for an unknown macro or a template without one."""
+    out, pos, seen = ["^"], 0, set()
+    for m in re.finditer(r"\$\{([^}]*)\}", template):
+        name = m.group(1)
+        if name not in _MACROS:
+            raise LinePrefixError(f"line prefix template {template!r}: unknown macro ${{{name}}}; "
+                                  "known: ${role_name}, ${local_rank}, ${rank}, ${hostname}")
+        if name in seen:
+            raise LinePrefixError(f"line prefix template {template!r}: ${{{name}}} appears twice")
+        seen.add(name)
+        out += [re.escape(template[pos:m.start()]), _MACROS[name]]
+        pos = m.end()
+    if not seen:
+        raise LinePrefixError(f"line prefix template {template!r}: no macro (${{rank}}, ${{local_rank}}, ...)")
+    out.append(re.escape(template[pos:]))
+    return "".join(out)
 
 
 def sniff(lines: list[str], *, min_share: float = 0.8) -> PrefixLayout:
@@ -87,6 +131,8 @@ def sniff(lines: list[str], *, min_share: float = 0.8) -> PrefixLayout:
         return PrefixLayout()
     need = max(2, int(len(body) * min_share))
     host_re, task_re = re.compile(HOST_PREFIX_RE), re.compile(TASK_PREFIX_RE)
+    if sum(1 for ln in body if re.match(HOST_RANK_RE, ln)) >= need:
+        return PrefixLayout(host_rank_prefix=True)
     hosts = [m.group("host") for ln in body if (m := host_re.match(ln))]
     hostlike = [h for h in hosts if h.lower() not in _NOT_HOSTS and (
         any(c.isdigit() or c in "-." for c in h) or h == "localhost") and not h.isdigit()]
@@ -136,6 +182,28 @@ def split_prefixes(df: pl.DataFrame, text_col: str = "line", *, layout: PrefixLa
     )
     host_parts: list[pl.Expr] = [pl.col("_j_host")]
     rank_parts: list[pl.Expr] = [pl.col("_j_rank")]
+    local_parts: list[pl.Expr] = []
+    extra: list[str] = []
+    if layout.template:  # the user's own torchrun template: its macros say exactly what each number is
+        rx = compile_line_prefix(layout.template)
+        g = line.str.extract_groups(rx).struct
+        names = re.findall(r"\(\?P<(\w+)>", rx)
+        df = df.with_columns(
+            *[g.field(n).alias(f"_u_{n}") for n in names], line.str.replace(rx, "").alias(text_col))
+        extra += [f"_u_{n}" for n in names]
+        if "host" in names:
+            host_parts.append(pl.col("_u_host"))
+        if "rank" in names:
+            rank_parts.append(pl.col("_u_rank").cast(pl.Int32, strict=False))
+        if "local_rank" in names:
+            local_parts.append(pl.col("_u_local_rank").cast(pl.Int32, strict=False))
+    if layout.host_rank_prefix:
+        hr = line.str.extract_groups(HOST_RANK_RE).struct
+        df = df.with_columns(hr.field("host").alias("_hr_host"), hr.field("rank").cast(pl.Int32, strict=False)
+                             .alias("_hr_rank"), line.str.replace(HOST_RANK_RE, "").alias(text_col))
+        host_parts.append(pl.col("_hr_host"))
+        rank_parts.append(pl.col("_hr_rank"))
+        extra += ["_hr_host", "_hr_rank"]
     if layout.host_prefix:
         df = df.with_columns(line.str.extract(HOST_PREFIX_RE, 1).alias("_h_host"),
                              line.str.replace(HOST_PREFIX_RE, ""))
@@ -145,11 +213,15 @@ def split_prefixes(df: pl.DataFrame, text_col: str = "line", *, layout: PrefixLa
                              line.str.replace(TASK_PREFIX_RE, ""))
         rank_parts.append(pl.col("_t_rank"))
     ht = line.str.extract_groups(HOST_TASK_RE)
+    bare = pl.when(line.str.contains(r"^\[\d{1,6}\]: ?\S")).then(line.str.extract(BARE_RANK_RE, 1))
     df = df.with_columns(
         ht.struct.field("host").alias("_ht_host"),
         ht.struct.field("task").cast(pl.Int32, strict=False).alias("_ht_rank"),
         line.str.extract(OMPI_RE, 1).cast(pl.Int32, strict=False).alias("_mpi_rank"),
-    ).with_columns(line.str.replace(HOST_TASK_RE, "").str.replace(OMPI_RE, ""))
+        bare.cast(pl.Int32, strict=False).alias("_bare_rank"),
+    ).with_columns(
+        pl.when(pl.col("_bare_rank").is_not_null()).then(line.str.replace(BARE_RANK_RE, "")).otherwise(line)
+        .str.replace(HOST_TASK_RE, "").str.replace(OMPI_RE, "").alias(text_col))
     ray = line.str.extract_groups(RAY_RE)
     df = df.with_columns(
         ray.struct.field("pid").cast(pl.Int64, strict=False).alias("_ray_pid"),
@@ -157,7 +229,12 @@ def split_prefixes(df: pl.DataFrame, text_col: str = "line", *, layout: PrefixLa
         line.str.replace(RAY_RE, ""),
     )
     host_parts += [pl.col("_ht_host"), pl.col("_ray_host")]
-    rank_parts += [pl.col("_ht_rank"), pl.col("_mpi_rank")]
+    rank_parts += [pl.col("_ht_rank"), pl.col("_mpi_rank"), pl.col("_bare_rank")]
+    pair = line.str.extract_groups(ROLE_PAIR_RE).struct
+    df = df.with_columns(  # [<role><local_rank>|<n>]: a template of the default's shape: the first number is local
+        pair.field("local_rank").cast(pl.Int32, strict=False).alias("_pair_local"),
+        line.str.replace(ROLE_PAIR_RE, "").alias(text_col))
+    local_parts.append(pl.col("_pair_local"))
     tee = line.str.extract_groups(TEE_RE)
     is_tee = tee.struct.field("role").is_not_null() & (tee.struct.field("role") != "rank")
     dbl = line.str.extract_groups(DOUBLE_RANK_RE)
@@ -171,13 +248,16 @@ def split_prefixes(df: pl.DataFrame, text_col: str = "line", *, layout: PrefixLa
     lone = line.str.extract(RANK_RE, 1).cast(pl.Int32, strict=False)
     df = df.with_columns(lone.alias("_lone_rank"), line.str.replace(RANK_RE, "").alias(text_col))
     if rank_prefix_is_local:  # ``--role rank`` on a multi-node console: the lone prefix is --tee's
-        local = pl.coalesce(pl.col("_tee_local"), pl.when(~is_dbl).then(pl.col("_lone_rank")), pl.col("_j_local"))
+        local = pl.coalesce(*local_parts, pl.col("_tee_local"), pl.when(~is_dbl).then(pl.col("_lone_rank")),
+                            pl.col("_j_local"))
         rank_parts.append(pl.when(is_dbl).then(pl.col("_lone_rank")))
     else:
-        local = pl.coalesce(pl.col("_tee_local"), pl.col("_j_local"))
+        local = pl.coalesce(*local_parts, pl.col("_tee_local"), pl.col("_j_local"))
         rank_parts.append(pl.col("_lone_rank"))
-    task = pl.coalesce([pl.col(c) for c in ("_j_rank", "_ht_rank", "_mpi_rank")]
-                       + ([pl.col("_t_rank")] if layout.task_prefix else []))
+    task = pl.coalesce([pl.col(c) for c in ("_j_rank", "_ht_rank", "_mpi_rank", "_bare_rank")]
+                       + ([pl.col("_t_rank")] if layout.task_prefix else [])
+                       + ([pl.col("_hr_rank")] if layout.host_rank_prefix else [])
+                       + ([pl.col("_u_rank").cast(pl.Int32, strict=False)] if "_u_rank" in extra else []))
     stream = pl.concat_str([pl.coalesce(host_parts).fill_null(""), local.cast(pl.Utf8).fill_null(""),
                             task.cast(pl.Utf8).fill_null(""), pl.col("_ray_pid").cast(pl.Utf8).fill_null("")],
                            separator="|")
@@ -190,7 +270,7 @@ def split_prefixes(df: pl.DataFrame, text_col: str = "line", *, layout: PrefixLa
         pl.col("_j_job").alias("prefix_job"),
     )
     return out.drop(["_j_rank", "_j_local", "_j_host", "_j_pid", "_j_job", "_ht_host", "_ht_rank", "_mpi_rank",
-                     "_ray_pid", "_ray_host", "_tee_local", "_lone_rank"]
+                     "_bare_rank", "_pair_local", "_ray_pid", "_ray_host", "_tee_local", "_lone_rank", *extra]
                     + (["_h_host"] if layout.host_prefix else []) + (["_t_rank"] if layout.task_prefix else []))
 
 

@@ -27,6 +27,7 @@ deleted while it is followed is still read to its end (like ``tail -F``):
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import gzip
 import hashlib
@@ -83,6 +84,7 @@ class FileTail:
         job: the job learned from the file's lines before a restart.
         avoid_ids: source ids not to give this file (ids of dropped files, whose inode a
             new file may reuse).
+        line_prefix: the torchrun ``--log-line-prefix-template`` its lines were written with.
     """
 
     def __init__(
@@ -97,6 +99,7 @@ class FileTail:
         flush_after: float = 2.0,
         job: str | None = None,
         avoid_ids: Container[str] = frozenset(),
+        line_prefix: str | None = None,
     ) -> None:
         self.path = path
         self.labels = layout.labels_for(path, template)
@@ -109,6 +112,7 @@ class FileTail:
         self.chunk_bytes = chunk_bytes
         self.held = pl.DataFrame()
         self.carry: dict[str, dt.datetime] = {}
+        self.line_prefix = line_prefix
         self.layout: prefix.PrefixLayout | None = None
         self.rank_map: dict[int, int] = {}
         self.stats = TailStats()
@@ -324,7 +328,7 @@ class FileTail:
         """``(offset, text)`` pairs -> one row per line with prefixes split and ``stream_key``."""
         assert self.source_id is not None
         if self.layout is None and lines:
-            self.layout = prefix.sniff([t for _, t in lines[:300]])
+            self.layout = dataclasses.replace(prefix.sniff([t for _, t in lines[:300]]), template=self.line_prefix)
         new = multiline.unwrap(pl.DataFrame(
             {"offset": [o for o, _ in lines], "line": [t for _, t in lines]},
             schema={"offset": pl.Int64, "line": pl.Utf8},
@@ -395,6 +399,7 @@ class FileTail:
         if lab.job is not None or lab.source_kind == "worker":
             return pl.coalesce(pl.col("prefix_job"), pl.lit(self.job, dtype=pl.Utf8))
         mention = records["line"].str.extract(_JOB_MENTION, 1)
+        mention = mention.set(mention == "none", None)  # torchrun's default run id names no job
         named = mention.forward_fill()
         named = named.fill_null(self.job) if self.job is not None else named.backward_fill()
         if lab.fallback_job is not None:

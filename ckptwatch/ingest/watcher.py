@@ -80,6 +80,7 @@ class SourceWatcher:
         forget_after_polls: polls for which checkpoints of sources not followed any more
             are kept (see the module docstring).
         archives: read ``.gz`` rotated logs found in directories too (one-shot reads).
+        line_prefix: the torchrun ``--log-line-prefix-template`` of the consoles (:mod:`.prefix`).
 
     ``stats`` counts files, lines, records, invalid UTF-8, skipped input and errors
     (messages naming the file and the reason; the same problem is reported once).
@@ -89,7 +90,7 @@ class SourceWatcher:
     def __init__(self, paths: Sequence[str], *, template: re.Pattern[str] | None = None,
                  boot_time: dt.datetime | None = None, committed: Mapping[str, SourceCheckpoint] | None = None,
                  exclude: Callable[[str], bool] | None = None, flush_after: float = 2.0,
-                 forget_after_polls: int = 5, archives: bool = False) -> None:
+                 forget_after_polls: int = 5, archives: bool = False, line_prefix: str | None = None) -> None:
         self.paths = list(paths)
         self.template = template
         self.boot_time = boot_time
@@ -97,6 +98,7 @@ class SourceWatcher:
         self.flush_after = flush_after
         self.forget_after_polls = forget_after_polls
         self.archives = archives
+        self.line_prefix = line_prefix
         self.stats = Stats()
         self._tails: dict[Key, FileTail] = {}
         # source id -> (generation not followed any more, poll it stopped being followed at)
@@ -271,6 +273,7 @@ class SourceWatcher:
 
     def _new_tail(self, path: str) -> FileTail:
         return FileTail(path, template=self.template, boot_time=self.boot_time, flush_after=self.flush_after,
+                        line_prefix=self.line_prefix,
                         avoid_ids=self._retired)
 
     def _resume(self, tail: FileTail) -> bool:

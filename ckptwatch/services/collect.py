@@ -48,8 +48,8 @@ class Collector:
     """
 
     def __init__(self, config: Config, *, rules: RuleSet, template: re.Pattern[str] | None = None,
-                 boot_time: dt.datetime | None = None, on_wait: Callable[[str], None] | None = None,
-                 metrics: Metrics | None = None) -> None:
+                 boot_time: dt.datetime | None = None, line_prefix: str | None = None,
+                 on_wait: Callable[[str], None] | None = None, metrics: Metrics | None = None) -> None:
         self.config = config
         self.metrics = metrics or Metrics()
         self.rules = rules
@@ -58,7 +58,8 @@ class Collector:
         self.checkpoints = CheckpointWatcher.from_settings(config.collect)
         extra = [str(self.checkpoints.log)] if self.checkpoints else []
         self.watcher = SourceWatcher(
-            config.collect.paths + extra, template=template, boot_time=boot_time, committed=self.checkpointer.load(),
+            config.collect.paths + extra, template=template, boot_time=boot_time, line_prefix=line_prefix,
+            committed=self.checkpointer.load(),
             exclude=lambda p: os.path.abspath(p).startswith(own),
         )
         self.stats = self.watcher.stats
