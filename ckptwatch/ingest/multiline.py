@@ -55,8 +55,8 @@ def continues_previous(line: pl.Expr, prev: pl.Expr) -> pl.Expr:
     )
 
 
-#: how a line that starts a record of its own begins (a time, a label, a traceback, an indent)
-_STARTS_RECORD = (r"^(?:\[|\(|\{|\s|\d{4}-\d{2}-\d{2}|\d{1,2}/\d{1,2}/\d{4}|[IWEF]\d{3,4} |Traceback"
+#: how a line that starts a record of its own begins (a time, a label, a bracket, a traceback)
+_STARTS_RECORD = (r"^(?:\[|\(|\{|\d{4}-\d{2}-\d{2}|\d{1,2}/\d{1,2}/\d{4}|[IWEF]\d{3,4} |Traceback"
                   r"|[A-Z][a-z]{2} +\d|[A-Za-z0-9][\w.-]*: )")
 
 
@@ -65,7 +65,7 @@ def unwrap(lines: pl.DataFrame, *, min_width: int = 60, max_width: int = 512, mi
     batch have exactly the batch's longest length W (``min_width`` to ``max_width``
     characters: a terminal's width), a line of length W is continued by the next line,
     glued without a separator (the wrap falls mid-word), unless that next line starts a
-    record of its own (a time, a label, a bracket, an indent, a traceback). ``lines``:
+    record of its own (a time, a label, a bracket, a traceback). ``lines``:
     ``offset``, ``line`` in file order (raw, prefixes not removed); the joined line keeps
     the offset of its first piece."""
     if lines.height < 2:

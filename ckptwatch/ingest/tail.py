@@ -14,7 +14,8 @@ deleted while it is followed is still read to its end (like ``tail -F``):
   under a new run id starts a new job in the same file);
 * ``layout``: the file's label prefixes (pdsh, srun ``--label``), sniffed from its first
   lines (:func:`.prefix.sniff`);
-* ``rank_map``: local rank -> global rank of this node, from torchrun's rendezvous result;
+* ``rank_map``: ``"<host>|<local rank>"`` -> global rank, from torchrun's rendezvous
+  result (per host label: a pdsh console holds several nodes' agents);
 * ``source_id``: the file's id (:mod:`.identity`). A file truncated in place (shorter
   than ``offset``, or with another first line: checked on each poll that sees the size
   or mtime change, by reading at most 1 KiB) starts a new *generation*: the held-back
@@ -114,7 +115,7 @@ class FileTail:
         self.carry: dict[str, dt.datetime] = {}
         self.line_prefix = line_prefix
         self.layout: prefix.PrefixLayout | None = None
-        self.rank_map: dict[int, int] = {}
+        self.rank_map: dict[str, int] = {}
         self.stats = TailStats()
         self.flush_after = flush_after
         self.superseded: list[rotation.Superseded] = []  # truncated generations; the owner takes them
@@ -333,24 +334,38 @@ class FileTail:
             {"offset": [o for o, _ in lines], "line": [t for _, t in lines]},
             schema={"offset": pl.Int64, "line": pl.Utf8},
         ))
-        self._learn_rank_map(new)
-        multi_node = any(k != v for k, v in self.rank_map.items())
+        multi_node = self._multi_node(new)
         new = prefix.split_prefixes(new, layout=self.layout or prefix.PrefixLayout(), rank_prefix_is_local=multi_node)
+        self._learn_rank_map(new)
         return new.with_columns(
             pl.concat_str([pl.lit(self.source_id + ":"), pl.col("prefix_stream")]).alias("stream_key")
         )
 
+    def _multi_node(self, raw: pl.DataFrame) -> bool:
+        """True if this file's torchrun agent runs a node whose local ranks are not the
+        global ones (learned before, or in this batch's raw lines): a lone ``[rankN]:``
+        prefix is then ``--tee`` with ``--role rank``, a local rank."""
+        if any(int(k.rsplit("|", 1)[1]) != v for k, v in self.rank_map.items()):
+            return True
+        found = raw["line"].str.extract(_GLOBAL_RANKS, 1).drop_nulls()
+        return any(_ints(g) != list(range(len(_ints(g)))) for g in found)
+
     def _learn_rank_map(self, lines: pl.DataFrame) -> None:
-        """Learn this node's local -> global ranks from torchrun's rendezvous result lines."""
+        """Learn each node's local -> global ranks from torchrun's rendezvous result lines
+        (``local_ranks=[…]`` then ``global_ranks=[…]``, by the host label of the lines)."""
         if lines.is_empty() or not lines["line"].str.contains("global_ranks=", literal=True).any():
             return
-        loc = lines["line"].str.extract(_LOCAL_RANKS, 1).drop_nulls()
-        glo = lines["line"].str.extract(_GLOBAL_RANKS, 1).drop_nulls()
-        if len(loc) and len(glo):
-            ls = [int(x) for x in loc[-1].replace(" ", "").split(",") if x]
-            gs = [int(x) for x in glo[-1].replace(" ", "").split(",") if x]
-            if len(ls) == len(gs):
-                self.rank_map = dict(zip(ls, gs, strict=True))
+        found = lines.select(
+            pl.col("prefix_host").fill_null(""),
+            pl.col("line").str.extract(_LOCAL_RANKS, 1).alias("loc"),
+            pl.col("line").str.extract(_GLOBAL_RANKS, 1).alias("glo"),
+        ).filter(pl.col("loc").is_not_null() | pl.col("glo").is_not_null())
+        last_local: dict[str, list[int]] = {}
+        for host, loc, glo in found.iter_rows():
+            if loc is not None:
+                last_local[host] = _ints(loc)
+            elif host in last_local and len(last_local[host]) == len(_ints(glo)):
+                self.rank_map.update({f"{host}|{lr}": g for lr, g in zip(last_local[host], _ints(glo), strict=True)})
 
     def _emit(self, lines: pl.DataFrame, *, flush: bool, now: dt.datetime, mtime: dt.datetime) -> pl.DataFrame:
         """Group ``lines`` into records (holding back the last of each stream unless
@@ -368,7 +383,9 @@ class FileTail:
         lab = self.labels
         job = self._jobs(records)
         local = pl.coalesce(pl.col("prefix_local_rank"), pl.lit(lab.local_rank, dtype=pl.Int32))
-        mapped = local.replace_strict(self.rank_map, default=None, return_dtype=pl.Int32) if self.rank_map else None
+        mapped = (pl.concat_str([pl.col("prefix_host").fill_null(pl.lit(lab.host or "")), local.cast(pl.Utf8)],
+                                separator="|").replace_strict(self.rank_map, default=None, return_dtype=pl.Int32)
+                  if self.rank_map else None)
         rank = [pl.col("prefix_rank"), prefix.inline_rank(pl.col("line"))] + ([mapped] if mapped is not None else [])
         out = records.select(
             pl.lit(self.source_id).alias("source_id"),
@@ -407,6 +424,11 @@ class FileTail:
         if named.drop_nulls().len():
             self.job = named.drop_nulls()[-1]
         return pl.coalesce(pl.col("prefix_job"), pl.lit(named))
+
+
+def _ints(text: str) -> list[int]:
+    """``"0, 1, 2"`` -> ``[0, 1, 2]``."""
+    return [int(x) for x in text.replace(" ", "").split(",") if x]
 
 
 def _concat(frames: list[pl.DataFrame]) -> pl.DataFrame:
