@@ -65,7 +65,9 @@ class EmbeddedRunner:
         """One pass: read (a chunk of each file), match, store, detect. Returns the
         incidents that changed. With ``final``, the input is complete only once
         ``watcher.backlog`` is False after the read: until then incidents are concluded
-        as the watermark passes them, like a live run, and stored as they are."""
+        as the watermark passes them, like a live run, and stored as they are. ``now``
+        (UTC, default: the wall clock) moves the watermark of a job that went silent."""
+        now = now or dt.datetime.now(dt.timezone.utc)
         if self.checkpoints:
             self.checkpoints.poll(wait=final)
         records = self.watcher.poll(final=final, now=now)
