@@ -11,34 +11,11 @@ from pathlib import Path
 import pytest
 
 import kafka_support
+from ckptwatch.groundtruth import SAVE_KINDS, unmatched  # noqa: F401  (used by the tests through conftest)
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "examples" / "corpus"
 SCENARIOS = sorted(p.name for p in CORPUS.iterdir() if (p / "expected.json").exists())
-#: Incidents about saves (counted exactly); resume-side kinds may come more than once per scenario.
-SAVE_KINDS = {"interrupted_save", "partial_checkpoint", "storage_failure_during_save", "stalled_save"}
-
-
-def _matches(inc: dict, want: dict) -> bool:
-    rc = inc.get("root_cause") or {}
-    return (inc["kind"] == want["kind"] and (want["step"] is None or inc["step"] == want["step"])
-            and (want["root_cause_class"] is None or rc.get("class") == want["root_cause_class"])
-            and (want["root_rank"] is None or rc.get("rank") == want["root_rank"]))
-
-
-def unmatched(wanted: list[dict], got: list[dict]) -> list[dict]:
-    """The expected incidents (expected.json shape; None = any) left over after each took a
-    distinct matching incident (``diagnose --json`` shape), most specific first."""
-    free = list(got)
-    left = []
-    for want in sorted(wanted, key=lambda w: sum(v is None for v in w.values())):
-        hit = next((i for i in free if _matches(i, want)), None)
-        if hit is None:
-            left.append(want)
-        else:
-            free.remove(hit)
-    return left
-
 
 def expected(scenario: str) -> dict:
     return json.loads((CORPUS / scenario / "expected.json").read_text())

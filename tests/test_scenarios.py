@@ -18,7 +18,10 @@ from kafka_support import fleet_equals_embedded
 from ckptwatch.pipeline import diagnose
 
 SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
-NAMES = sorted(p.name for p in SCENARIO_DIR.iterdir() if (p / "scenario.json").exists())
+# Scenarios marked "pending-rules" are ground truth for the signal library still to be written
+# (issue 13): benchmarks/accuracy.py measures them; these tests hold the ones diagnosed today.
+NAMES = sorted(p.name for p in SCENARIO_DIR.iterdir() if (p / "scenario.json").exists()
+               and json.loads((p / "scenario.json").read_text()).get("status") != "pending-rules")
 
 
 def spec(name: str) -> dict:

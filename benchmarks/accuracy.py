@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""Diagnosis accuracy over every scenario the repository holds, per framework and layout.
+
+    .venv/bin/python benchmarks/accuracy.py [--markdown] [--verbose] [--only SUBSTRING]
+
+Runs ``diagnose`` (the embedded pipeline, as the CLI does) over each case of
+:func:`ckptwatch.groundtruth.load_cases`: the shared corpus (``examples/corpus``), the real
+framework runs (``tests/fixtures/realruns``, each launch layout on its own) and the
+hand-written scenarios (``tests/scenarios``, those still ``pending-rules`` included), and
+prints per framework:
+
+* **recall**: expected incidents found (kind and step);
+* **cause + rank**: expected incidents found with the right root-cause class and rank;
+* **false**: incidents that match no expected one (on clean scenarios and elsewhere).
+
+Targets (issue 13): recall >= 95 %, cause + rank >= 90 %, no false incident on a clean
+scenario. ``--verbose`` lists each case's misses and extras.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from ckptwatch.groundtruth import Score, load_cases, score  # noqa: E402
+from ckptwatch.pipeline import diagnose  # noqa: E402
+
+
+def _pct(a: int, b: int) -> str:
+    return f"{100 * a / b:.0f} %" if b else "-"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--markdown", action="store_true", help="print the table as Markdown")
+    ap.add_argument("--verbose", action="store_true", help="list each case's misses and false incidents")
+    ap.add_argument("--only", default="", help="only cases whose name contains this")
+    args = ap.parse_args()
+    cases = [c for c in load_cases(ROOT) if args.only in c.name]
+    rows: dict[str, list[tuple[object, Score]]] = defaultdict(list)
+    t0 = time.monotonic()
+    for case in cases:
+        incidents, _ = diagnose([str(case.logs)])
+        s = score(case, [i.to_dict() for i in incidents])
+        rows[case.framework].append((case, s))
+        if args.verbose and (s.missed or s.extra):
+            print(f"{case.source}/{case.name} [{case.layout}]: missed {[(m['kind'], m['step'], m['root_cause_class'], m['root_rank']) for m in s.missed]}"
+                  f" extra {s.extra}")
+    took = time.monotonic() - t0
+    header = ["framework", "cases", "clean", "expected", "recall", "cause + rank", "false (clean)", "false (all)"]
+    table = []
+    tot = defaultdict(int)
+    for fw in sorted(rows):
+        items = rows[fw]
+        clean = [s for c, s in items if not c.incidents]  # type: ignore[attr-defined]
+        exp = sum(s.expected for _, s in items)
+        found = sum(s.found for _, s in items)
+        exact = sum(s.exact for _, s in items)
+        false_clean = sum(s.false for s in clean)
+        false_all = sum(s.false for _, s in items)
+        table.append([fw, len(items), len(clean), exp, _pct(found, exp), _pct(exact, exp), false_clean, false_all])
+        for k, v in (("cases", len(items)), ("clean", len(clean)), ("exp", exp), ("found", found), ("exact", exact),
+                     ("fc", false_clean), ("fa", false_all)):
+            tot[k] += v
+    table.append(["all", tot["cases"], tot["clean"], tot["exp"], _pct(tot["found"], tot["exp"]),
+                  _pct(tot["exact"], tot["exp"]), tot["fc"], tot["fa"]])
+    if args.markdown:
+        print("| " + " | ".join(header) + " |")
+        print("|" + "---|" * len(header))
+        for r in table:
+            print("| " + " | ".join(str(x) for x in r) + " |")
+    else:
+        widths = [max(len(str(r[i])) for r in [header, *table]) for i in range(len(header))]
+        for r in [header, *table]:
+            print("  ".join(str(x).rjust(w) if i else str(x).ljust(w) for i, (x, w) in enumerate(zip(r, widths))))
+    print(f"\n{tot['cases']} cases ({len(cases)} diagnoses) in {took:.1f} s; targets: recall >= 95 %, "
+          "cause + rank >= 90 %, false (clean) = 0")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
