@@ -141,14 +141,22 @@ def diagnose_cmd(
             pasted = os.path.join(spool, "stdin.log")
             with open(pasted, "wb") as f:
                 shutil.copyfileobj(sys.stdin.buffer, f)
+            with open(pasted, "rb") as f:
+                magic = f.read(2)
+            if not magic:
+                raise _fail("standard input (-) was empty: paste a log, or pipe one in (ckptwatch diagnose - < log)")
+            if magic == b"\x1f\x8b":  # gzip -c log | ckptwatch diagnose -
+                os.rename(pasted, pasted + ".gz")
+                pasted += ".gz"
             paths = [pasted if p == "-" else p for p in paths]
         try:
             incidents, stats = diagnose(paths, options, progress=_Progress(_err) if _err.is_terminal else None)
         except RuleError as e:
             raise _fail(str(e)) from None
         if "-" in sys.argv[1:]:
-            stats.errors = [m.replace(os.path.join(spool, "stdin.log"), "<stdin>") for m in stats.errors]
-            stats.unlabelled_files = {k: [f.replace(os.path.join(spool, "stdin.log"), "<stdin>") for f in v]
+            spooled = os.path.join(spool, "stdin.log")
+            stats.errors = [m.replace(spooled + ".gz", "<stdin>").replace(spooled, "<stdin>") for m in stats.errors]
+            stats.unlabelled_files = {k: [f.replace(spooled + ".gz", "<stdin>").replace(spooled, "<stdin>") for f in v]
                                       for k, v in stats.unlabelled_files.items()}
     if stats.files == 0 or stats.files == stats.skipped.get("unreadable_file", 0):
         for msg in stats.errors:

@@ -79,7 +79,10 @@ def compile_template(template: str) -> re.Pattern[str]:
     return re.compile(r"(?:^|/)" + "".join(out) + "$")
 
 
-def _torchrun_run_dirs(log_dir: str) -> list[str]:
+def _torchrun_run_dirs(log_dir: str, *, with_attempts: bool = False) -> list[str]:
+    """The jobs of the torchrun run directories (``<run_id>_<8 chars>``) in ``log_dir``;
+    ``with_attempts``: only those holding an ``attempt_N`` directory (when ``log_dir`` is
+    not a log dir by name)."""
     try:
         names = sorted(os.listdir(log_dir))
     except OSError:
@@ -87,9 +90,18 @@ def _torchrun_run_dirs(log_dir: str) -> list[str]:
     out = []
     for n in names:
         m = re.fullmatch(r"(?P<run_id>.+)_(?P<rand>[a-z0-9_]{8})", n)
-        if m and os.path.isdir(os.path.join(log_dir, n)):
+        path = os.path.join(log_dir, n)
+        if m and os.path.isdir(path) and (not with_attempts or any(
+                a.startswith("attempt_") for a in _listdir(path))):
             out.append(_job_of_run_dir(m.group("run_id"), m.group("rand")))
     return out
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
 
 
 def _job_of_run_dir(run_id: str, rand: str) -> str:
@@ -129,6 +141,7 @@ def labels_for(path: str, template: re.Pattern[str] | None = None) -> PathLabels
     run_ids = []
     for sub in ("torchrun_logs", "logs", "log_dir"):
         run_ids += _torchrun_run_dirs(os.path.join(parent, sub))
+    run_ids += _torchrun_run_dirs(parent, with_attempts=True)  # the run directory right beside it
     is_console = os.path.basename(path) == "console.log" or bool(run_ids)
     job = run_ids[0] if len(set(run_ids)) == 1 else None
     return PathLabels(job=job, source_kind="console" if is_console else "log")

@@ -57,7 +57,7 @@ def continues_previous(line: pl.Expr, prev: pl.Expr) -> pl.Expr:
 
 #: how a line that starts a record of its own begins (a time, a label, a bracket, a traceback)
 _STARTS_RECORD = (r"^(?:\[|\(|\{|\d{4}-\d{2}-\d{2}|\d{1,2}/\d{1,2}/\d{4}|[IWEF]\d{3,4} |Traceback"
-                  r"|[A-Z][a-z]{2} +\d|[A-Za-z0-9][\w.-]*: )")
+                  r"|[A-Z][a-z]{2} +\d|[A-Za-z0-9][\w.-]*(?::\d+)?: )")
 
 
 def unwrap(lines: pl.DataFrame, *, min_width: int = 60, max_width: int = 512, min_wrapped: int = 3) -> pl.DataFrame:

@@ -73,6 +73,7 @@ TEE_RE = r"^\[(?P<role>[A-Za-z_][A-Za-z_-]*?)(?P<local_rank>\d+)\]:"
 RANK_RE = r"^\[rank(?P<rank>\d+)\]:[ ]?"
 DOUBLE_RANK_RE = r"^\[rank(?P<local>\d+)\]:\[rank(?P<rank>\d+)\]:"
 
+_GLOG_AGENT = r"[IWEF]\d{4} \d{2}:\d{2}:\d{2}\.\d+ +\d+ torch/distributed/"
 # words that start log lines as "WORD: text" and are not host names
 _NOT_HOSTS = {"info", "warning", "warn", "error", "debug", "critical", "fatal", "note", "notice", "trace",
               "traceback", "exception", "epoch", "step", "loss", "http", "https", "file", "usage", "hint"}
@@ -81,7 +82,8 @@ _NOT_HOSTS = {"info", "warning", "warn", "error", "debug", "critical", "fatal", 
 @dataclass(frozen=True)
 class PrefixLayout:
     """How a file's lines are labelled, decided once per file from its first lines
-    (:func:`sniff`): ``host_prefix`` (pdsh's ``host: ``), ``task_prefix`` (srun's ``N: ``),
+    (:func:`sniff`): ``host_prefix`` (pdsh's ``host: ``), ``task_prefix`` (srun's ``N: ``;
+    ``task_is_launcher`` when the tasks are torchrun agents, one per node),
     ``host_rank_prefix`` (torchrun ``--log-line-prefix-template "${hostname}:${rank}: "``);
     ``template``: a user's torchrun prefix template (:func:`compile_line_prefix`), read
     exactly, before anything else."""
@@ -89,6 +91,7 @@ class PrefixLayout:
     host_prefix: bool = False
     task_prefix: bool = False
     host_rank_prefix: bool = False
+    task_is_launcher: bool = False  # srun started one torchrun per node: the task is a node, not a rank
     template: str | None = None
 
 
@@ -131,14 +134,16 @@ def sniff(lines: list[str], *, min_share: float = 0.8) -> PrefixLayout:
         return PrefixLayout()
     need = max(2, int(len(body) * min_share))
     host_re, task_re = re.compile(HOST_PREFIX_RE), re.compile(TASK_PREFIX_RE)
-    if sum(1 for ln in body if re.match(HOST_RANK_RE, ln)) >= need:
-        return PrefixLayout(host_rank_prefix=True)
+    if sum(1 for ln in body if re.match(HOST_RANK_RE, ln)) >= max(2, len(body) // 4):
+        return PrefixLayout(host_rank_prefix=True)  # distinctive: the agent's own lines may lack it
     hosts = [m.group("host") for ln in body if (m := host_re.match(ln))]
     hostlike = [h for h in hosts if h.lower() not in _NOT_HOSTS and (
         any(c.isdigit() or c in "-." for c in h) or h == "localhost") and not h.isdigit()]
     rest = [ln[len(h) + 2:] for ln, h in zip(body, hosts, strict=False)] if len(hostlike) >= need else body
-    tasks = sum(1 for ln in rest if task_re.match(ln))
-    return PrefixLayout(host_prefix=len(hostlike) >= need, task_prefix=tasks >= max(2, int(len(rest) * min_share)))
+    tasked = [task_re.sub("", ln, count=1) for ln in rest if task_re.match(ln)]
+    launcher = any(re.match(TEE_RE, ln) and not ln.startswith("[rank") or re.match(_GLOG_AGENT, ln) for ln in tasked)
+    return PrefixLayout(host_prefix=len(hostlike) >= need, task_prefix=len(tasked) >= max(2, int(len(rest) * min_share)),
+                        task_is_launcher=launcher)
 
 
 def _json_fields(text: pl.Expr) -> dict[str, pl.Expr]:
@@ -164,21 +169,25 @@ def split_prefixes(df: pl.DataFrame, text_col: str = "line", *, layout: PrefixLa
     """Add ``prefix_local_rank``, ``prefix_rank`` (Int32), ``prefix_host`` (Utf8),
     ``prefix_pid`` (Int64) and ``prefix_job`` (Utf8), null when absent, and
     ``prefix_stream`` (Utf8: the writer's labels, not the excepthook's ``[rankN]:``, so a
-    traceback stays in its worker's stream), and strip the prefixes from ``text_col`` (see
+    traceback stays in its worker's stream) and ``prefix_node`` (Utf8: the host, or the srun
+    task of a launcher, whose rendezvous result maps local ranks), and strip the prefixes from ``text_col`` (see
     the module docstring for the order and semantics)."""
     line = pl.col(text_col)
     is_json = line.str.starts_with("{") & line.str.ends_with("}")
     js = _json_fields(line)
-    json_text = pl.concat_str(
-        [_json_time(js["time"]).fill_null(""), js["level"].fill_null(""), js["message"].fill_null(line)],
-        separator=" ").str.strip_chars().str.strip_chars_end("\n")
+    # the message is read like any line (a torchrun prefix inside a container's log); its
+    # time and level go in front of what is left of it at the end
+    json_head = pl.concat_str([_json_time(js["time"]).fill_null(""), js["level"].fill_null("")],
+                              separator=" ").str.strip_chars()
     df = df.with_columns(
+        pl.when(is_json & js["message"].is_not_null()).then(json_head).alias("_j_head"),
         pl.when(is_json).then(js["rank"]).cast(pl.Int32, strict=False).alias("_j_rank"),
         pl.when(is_json).then(js["local_rank"]).cast(pl.Int32, strict=False).alias("_j_local"),
         pl.when(is_json).then(js["host"]).alias("_j_host"),
         pl.when(is_json).then(js["pid"]).cast(pl.Int64, strict=False).alias("_j_pid"),
         pl.when(is_json).then(js["job"]).alias("_j_job"),
-        pl.when(is_json & js["message"].is_not_null()).then(json_text).otherwise(line).alias(text_col),
+        pl.when(is_json & js["message"].is_not_null()).then(js["message"].str.strip_chars_end("\n"))
+        .otherwise(line).alias(text_col),
     )
     host_parts: list[pl.Expr] = [pl.col("_j_host")]
     rank_parts: list[pl.Expr] = [pl.col("_j_rank")]
@@ -208,10 +217,14 @@ def split_prefixes(df: pl.DataFrame, text_col: str = "line", *, layout: PrefixLa
         df = df.with_columns(line.str.extract(HOST_PREFIX_RE, 1).alias("_h_host"),
                              line.str.replace(HOST_PREFIX_RE, ""))
         host_parts.append(pl.col("_h_host"))
-    if layout.task_prefix:
-        df = df.with_columns(line.str.extract(TASK_PREFIX_RE, 1).cast(pl.Int32, strict=False).alias("_t_rank"),
+    if layout.task_prefix:  # srun's task id: a rank, unless the task is a launcher (a torchrun per node)
+        df = df.with_columns(line.str.extract(TASK_PREFIX_RE, 1).cast(pl.Int32, strict=False).alias("_t_task"),
                              line.str.replace(TASK_PREFIX_RE, ""))
+        launcher = pl.lit(layout.task_is_launcher)
+        df = df.with_columns(pl.when(~launcher).then(pl.col("_t_task")).alias("_t_rank"),
+                             pl.when(launcher).then(pl.format("srun task {}", pl.col("_t_task"))).alias("_t_node"))
         rank_parts.append(pl.col("_t_rank"))
+        extra += ["_t_task", "_t_node"]
     ht = line.str.extract_groups(HOST_TASK_RE)
     bare = pl.when(line.str.contains(r"^\[\d{1,6}\]: ?\S")).then(line.str.extract(BARE_RANK_RE, 1))
     df = df.with_columns(
@@ -255,13 +268,17 @@ def split_prefixes(df: pl.DataFrame, text_col: str = "line", *, layout: PrefixLa
         local = pl.coalesce(*local_parts, pl.col("_tee_local"), pl.col("_j_local"))
         rank_parts.append(pl.col("_lone_rank"))
     task = pl.coalesce([pl.col(c) for c in ("_j_rank", "_ht_rank", "_mpi_rank", "_bare_rank")]
-                       + ([pl.col("_t_rank")] if layout.task_prefix else [])
+                       + ([pl.col("_t_task")] if layout.task_prefix else [])
                        + ([pl.col("_hr_rank")] if layout.host_rank_prefix else [])
                        + ([pl.col("_u_rank").cast(pl.Int32, strict=False)] if "_u_rank" in extra else []))
     stream = pl.concat_str([pl.coalesce(host_parts).fill_null(""), local.cast(pl.Utf8).fill_null(""),
                             task.cast(pl.Utf8).fill_null(""), pl.col("_ray_pid").cast(pl.Utf8).fill_null("")],
                            separator="|")
+    node = pl.coalesce(pl.coalesce(host_parts), *([pl.col("_t_node")] if layout.task_prefix else []))
+    is_j = pl.col("_j_head").is_not_null() & (pl.col("_j_head") != "")
     out = df.with_columns(
+        pl.when(is_j).then(pl.concat_str([pl.col("_j_head"), line], separator=" ")).otherwise(line).alias(text_col),
+        node.alias("prefix_node"),
         stream.alias("prefix_stream"),
         local.cast(pl.Int32).alias("prefix_local_rank"),
         pl.coalesce(rank_parts).cast(pl.Int32).alias("prefix_rank"),
@@ -269,9 +286,9 @@ def split_prefixes(df: pl.DataFrame, text_col: str = "line", *, layout: PrefixLa
         pl.coalesce(pl.col("_j_pid"), pl.col("_ray_pid")).alias("prefix_pid"),
         pl.col("_j_job").alias("prefix_job"),
     )
-    return out.drop(["_j_rank", "_j_local", "_j_host", "_j_pid", "_j_job", "_ht_host", "_ht_rank", "_mpi_rank",
-                     "_bare_rank", "_pair_local", "_ray_pid", "_ray_host", "_tee_local", "_lone_rank", *extra]
-                    + (["_h_host"] if layout.host_prefix else []) + (["_t_rank"] if layout.task_prefix else []))
+    return out.drop(["_j_head", "_j_rank", "_j_local", "_j_host", "_j_pid", "_j_job", "_ht_host", "_ht_rank",
+                     "_mpi_rank", "_bare_rank", "_pair_local", "_ray_pid", "_ray_host", "_tee_local", "_lone_rank",
+                     *extra] + (["_h_host"] if layout.host_prefix else []) + (["_t_rank"] if layout.task_prefix else []))
 
 
 INLINE_RANK_RE = (

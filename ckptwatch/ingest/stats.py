@@ -22,7 +22,8 @@ class Stats:
     skipped: dict[str, int] = field(default_factory=dict)
     #: records kept but adjusted, by reason: ``timestamp_out_of_range`` (a stamp before 1970
     #: or more than a day ahead, not believed), ``year_from_mtime`` (a year-less stamp dated
-    #: with its file's mtime year: no dated line of its job or host was read)
+    #: with its file's mtime year: no dated line of its job or host was read),
+    #: ``kernel_uptime_without_boot_time`` (``[ 8812.23]`` stamps with no ``--boot-time``)
     notes: dict[str, int] = field(default_factory=dict)
     lines_by_kind: dict[str, int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
@@ -48,11 +49,16 @@ class Stats:
     def label_warnings(self) -> list[str]:
         """One line per labelling gap, with the count and what would fix it."""
         out = []
+        if self.notes.get("kernel_uptime_without_boot_time"):
+            out.append(f"{self.notes['kernel_uptime_without_boot_time']} kernel line(s) dated in seconds since boot "
+                       "were given the time of the lines around them: pass the host's boot time with --boot-time "
+                       "(e.g. from `uptime -s`), or log with `dmesg -T` / journalctl")
         if self.no_job:
             files = ", ".join(self.unlabelled_files.get("", [])[:3])
             out.append(f"{self.no_job} event(s) carry no job (e.g. in {files}): they are judged together as job "
                        "'unknown'; name the job with --path-template, e.g. '{job}/rank{rank}.log' or "
-                       "'{job}/{host}/*.log', or keep each job's logs in a directory named after it")
+                       "'{job}/{host}/*.log' (a directory named after the job, read through a template), or "
+                       "log torchrun's launch configuration (LOGLEVEL=INFO prints its run_id)")
         for job, n in sorted(self.no_rank.items()):
             files = ", ".join(self.unlabelled_files.get(job, [])[:3])
             out.append(f"job {job}: {n} save/failure event(s) carry no rank (e.g. in {files}): blame and shard "

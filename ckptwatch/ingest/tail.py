@@ -49,6 +49,10 @@ _JOB_MENTION = r"(?:run_id\s*:\s*|job_id=|job id )(?P<job>[A-Za-z0-9][\w.:-]*)"
 # which global rank each local rank of this node is
 _LOCAL_RANKS = r"\blocal_ranks=\[(?P<v>[\d, ]*)\]"
 _GLOBAL_RANKS = r"\bglobal_ranks=\[(?P<v>[\d, ]*)\]"
+# a torchrun agent's glog line: its pid, and a worker's local rank it reports on
+# (torch/distributed/elastic/multiprocessing/api.py: "failed (exitcode: -9) local_rank: 2 (pid: …)")
+_AGENT_PID = r"^\[?[IWEF]\d{3,4} \d{2}:\d{2}:\d{2}(?:\.\d+)? +(?P<pid>\d+) torch/distributed/"
+_AGENT_LOCAL = r"\blocal_rank: (?P<lr>\d+)"
 
 
 @dataclass
@@ -60,6 +64,7 @@ class TailStats:
     invalid_utf8: int = 0
     ts_rejected: int = 0
     year_guessed: int = 0
+    uptime_no_boot: int = 0  # kernel [ seconds] stamps read without a boot time
     skipped: dict[str, int] = field(default_factory=dict)
 
     def skip(self, reason: str, n: int = 1) -> None:
@@ -113,9 +118,11 @@ class FileTail:
         self.chunk_bytes = chunk_bytes
         self.held = pl.DataFrame()
         self.carry: dict[str, dt.datetime] = {}
+        self.file_carry: dt.datetime | None = None
         self.line_prefix = line_prefix
         self.layout: prefix.PrefixLayout | None = None
         self.rank_map: dict[str, int] = {}
+        self._ambiguous_nodes: set[str] = set()
         self.stats = TailStats()
         self.flush_after = flush_after
         self.superseded: list[rotation.Superseded] = []  # truncated generations; the owner takes them
@@ -322,14 +329,15 @@ class FileTail:
                                                    seen_mtime_ns))
         self.source_id, self.head, self.offset = None, None, 0
         self.held, self.carry, self._digest = pl.DataFrame(), {}, hashlib.sha256()
-        self.layout, self.rank_map = None, {}
+        self.file_carry = None
+        self.layout, self.rank_map, self._ambiguous_nodes = None, {}, set()
         return flushed
 
     def _new_lines(self, lines: list[tuple[int, str]]) -> pl.DataFrame:
         """``(offset, text)`` pairs -> one row per line with prefixes split and ``stream_key``."""
         assert self.source_id is not None
         if self.layout is None and lines:
-            self.layout = dataclasses.replace(prefix.sniff([t for _, t in lines[:300]]), template=self.line_prefix)
+            self.layout = dataclasses.replace(prefix.sniff([t for _, t in lines[:500]]), template=self.line_prefix)
         new = multiline.unwrap(pl.DataFrame(
             {"offset": [o for o, _ in lines], "line": [t for _, t in lines]},
             schema={"offset": pl.Int64, "line": pl.Utf8},
@@ -340,6 +348,11 @@ class FileTail:
         return new.with_columns(
             pl.concat_str([pl.lit(self.source_id + ":"), pl.col("prefix_stream")]).alias("stream_key")
         )
+
+    def _node_key(self) -> pl.Expr:
+        """Which node a line is from, for the rank map: its host or srun-task label, else the
+        file's host label, else one node per file."""
+        return pl.coalesce(pl.col("prefix_node"), pl.lit(self.labels.host or "")).alias("node")
 
     def _multi_node(self, raw: pl.DataFrame) -> bool:
         """True if this file's torchrun agent runs a node whose local ranks are not the
@@ -352,20 +365,34 @@ class FileTail:
 
     def _learn_rank_map(self, lines: pl.DataFrame) -> None:
         """Learn each node's local -> global ranks from torchrun's rendezvous result lines
-        (``local_ranks=[…]`` then ``global_ranks=[…]``, by the host label of the lines)."""
+        (``local_ranks=[…]`` then ``global_ranks=[…]``), keyed by the node label of the lines
+        (``<node>|<local>``) and by the agent's pid (``pid:<pid>|<local>``). A node label two
+        agents disagree on (two nodes' agents in one unlabelled file) maps nothing: only the
+        agents' own lines, by pid, are mapped then."""
         if lines.is_empty() or not lines["line"].str.contains("global_ranks=", literal=True).any():
             return
         found = lines.select(
-            pl.col("prefix_host").fill_null(""),
+            self._node_key(),
+            pl.col("line").str.extract(_AGENT_PID, 1).alias("pid"),
             pl.col("line").str.extract(_LOCAL_RANKS, 1).alias("loc"),
             pl.col("line").str.extract(_GLOBAL_RANKS, 1).alias("glo"),
         ).filter(pl.col("loc").is_not_null() | pl.col("glo").is_not_null())
-        last_local: dict[str, list[int]] = {}
-        for host, loc, glo in found.iter_rows():
+        last_local: dict[tuple[str, str | None], list[int]] = {}
+        for node, pid, loc, glo in found.iter_rows():
             if loc is not None:
-                last_local[host] = _ints(loc)
-            elif host in last_local and len(last_local[host]) == len(_ints(glo)):
-                self.rank_map.update({f"{host}|{lr}": g for lr, g in zip(last_local[host], _ints(glo), strict=True)})
+                last_local[(node, pid)] = _ints(loc)
+            elif (node, pid) in last_local and len(last_local[(node, pid)]) == len(_ints(glo)):
+                pairs = list(zip(last_local[(node, pid)], _ints(glo), strict=True))
+                if pid is not None:
+                    self.rank_map.update({f"pid:{pid}|{lr}": g for lr, g in pairs})
+                if node in self._ambiguous_nodes:
+                    continue
+                if any(self.rank_map.get(f"{node}|{lr}", g) != g for lr, g in pairs):
+                    self._ambiguous_nodes.add(node)
+                    for lr, _ in pairs:
+                        self.rank_map.pop(f"{node}|{lr}", None)
+                    continue
+                self.rank_map.update({f"{node}|{lr}": g for lr, g in pairs})
 
     def _emit(self, lines: pl.DataFrame, *, flush: bool, now: dt.datetime, mtime: dt.datetime) -> pl.DataFrame:
         """Group ``lines`` into records (holding back the last of each stream unless
@@ -374,19 +401,31 @@ class FileTail:
         if records.is_empty():
             return pl.DataFrame(schema=RECORD_SCHEMA)
         records = records.with_columns(pl.lit(mtime).cast(TS).alias("mtime"))
-        records = timestamps.add_event_time(records, carry=self.carry, boot_time=self.boot_time, now=now)
+        records = timestamps.add_event_time(records, carry=self.carry, boot_time=self.boot_time, now=now,
+                                            file_carry=self.file_carry)
         self.stats.ts_rejected += int(records["ts_rejected"].sum())
         self.stats.year_guessed += int(records["ts_year_guessed"].sum())
         # carry only times read from lines: a stream that never prints one moves on with the mtime
-        last = records.filter(pl.col("ts_source") != "mtime").group_by("stream_key").agg(pl.col("ts").last())
+        dated = records.filter(pl.col("ts_source") != "mtime")
+        last = dated.group_by("stream_key").agg(pl.col("ts").last())
         self.carry.update(dict(zip(last["stream_key"].to_list(), last["ts"].to_list(), strict=True)))
+        if dated.height:
+            self.file_carry = dated["ts"][-1]
+        if self.boot_time is None:
+            self.stats.uptime_no_boot += int(records["line"].str.contains(timestamps.KERNEL_RE).sum())
         lab = self.labels
         job = self._jobs(records)
         local = pl.coalesce(pl.col("prefix_local_rank"), pl.lit(lab.local_rank, dtype=pl.Int32))
-        mapped = (pl.concat_str([pl.col("prefix_host").fill_null(pl.lit(lab.host or "")), local.cast(pl.Utf8)],
-                                separator="|").replace_strict(self.rank_map, default=None, return_dtype=pl.Int32)
-                  if self.rank_map else None)
+        mapped = (pl.concat_str([self._node_key(), local.cast(pl.Utf8)], separator="|")
+                  .replace_strict(self.rank_map, default=None, return_dtype=pl.Int32) if self.rank_map else None)
         rank = [pl.col("prefix_rank"), prefix.inline_rank(pl.col("line"))] + ([mapped] if mapped is not None else [])
+        if self.rank_map:  # an agent's line about one of its workers: by the agent's pid, else its node
+            agent_local = pl.col("line").str.extract(_AGENT_LOCAL, 1)
+            rank += [pl.format("pid:{}|{}", pl.col("line").str.extract(_AGENT_PID, 1), agent_local)
+                     .replace_strict(self.rank_map, default=None, return_dtype=pl.Int32),
+                     pl.when(pl.col("line").str.contains(_AGENT_PID)).then(
+                         pl.concat_str([self._node_key(), agent_local], separator="|"))
+                     .replace_strict(self.rank_map, default=None, return_dtype=pl.Int32)]
         out = records.select(
             pl.lit(self.source_id).alias("source_id"),
             pl.lit(lab.source_kind).alias("source_kind"),

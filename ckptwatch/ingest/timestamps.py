@@ -40,7 +40,9 @@ Today's date is never used.
 
 **Records without a time** inherit the previous record's time in the same stream
 (``ts_source = "inherited"``), then the carried time from the previous batch of that
-stream, then the file's mtime at this read (``ts_source = "mtime"``). Callers carry only
+stream, then the previous time in the file (a worker that only ``print()``s, on a console
+whose agent lines are dated: file order), then the file's mtime at this read
+(``ts_source = "mtime"``). Callers carry only
 times read from lines, so a stream that never prints a time moves on with its file's
 mtime from one read to the next instead of freezing at the first.
 """
@@ -133,6 +135,7 @@ def add_event_time(
     boot_time: dt.datetime | None = None,
     assume_utc_offset_minutes: int = 0,
     now: dt.datetime | None = None,
+    file_carry: dt.datetime | None = None,
 ) -> pl.DataFrame:
     """Add ``ts`` (Datetime ns UTC), ``ts_source``, ``ts_rejected`` and ``ts_year_guessed``
     (Boolean) to a batch of records.
@@ -144,6 +147,7 @@ def add_event_time(
         carry: last known time per stream from an earlier batch (tailing).
         boot_time: the host's boot time (UTC) for kernel ``[ seconds]`` stamps.
         assume_utc_offset_minutes: offset of zone-less timestamps from UTC.
+        file_carry: the file's last time read from a line in an earlier batch (UTC).
         now: wall-clock time of the read (UTC; default: now); stamps more than
             :data:`MAX_AHEAD` past it are not believed (``ts_rejected``).
 
@@ -236,12 +240,15 @@ def add_event_time(
         pl.when(own_sane).then(pl.col("_guess0")).alias("_guess"),
     )
     inherited = pl.col("_own").forward_fill().over(stream_col)
-    base = pl.coalesce(inherited, pl.col("_carry"), pl.col(mtime_col))
+    in_file = pl.col("_own").forward_fill()  # a stream that never prints a time: file order
+    if file_carry is not None:
+        in_file = in_file.fill_null(pl.lit(file_carry.astimezone(dt.timezone.utc)).cast(TS))
+    base = pl.coalesce(inherited, pl.col("_carry"), in_file, pl.col(mtime_col))
     out = out.with_columns(
         pl.coalesce(pl.col("_own"), base).alias("ts"),
         pl.when(pl.col("_own").is_not_null())
         .then(pl.lit("line"))
-        .when(inherited.is_not_null() | pl.col("_carry").is_not_null())
+        .when(inherited.is_not_null() | pl.col("_carry").is_not_null() | in_file.is_not_null())
         .then(pl.lit("inherited"))
         .otherwise(pl.lit("mtime"))
         .alias("ts_source"),

@@ -422,7 +422,7 @@ class SourceWatcher:
         before_lines, before_skip = tail.stats.lines, dict(tail.stats.skipped)
         before_offset = tail.offset
         before_utf8 = tail.stats.invalid_utf8
-        before_rejected = tail.stats.ts_rejected
+        before_rejected, before_uptime = tail.stats.ts_rejected, tail.stats.uptime_no_boot
         try:
             recs = tail.poll(final=final, ingest_ts=now)
         except InputError as e:
@@ -438,6 +438,7 @@ class SourceWatcher:
         self.stats.add_lines(tail.labels.source_kind, tail.stats.lines - before_lines)
         self.bytes_read += max(0, tail.offset - before_offset)
         self.stats.note("timestamp_out_of_range", tail.stats.ts_rejected - before_rejected)
+        self.stats.note("kernel_uptime_without_boot_time", tail.stats.uptime_no_boot - before_uptime)
         bad_utf8 = tail.stats.invalid_utf8 - before_utf8
         self.stats.invalid_utf8 += bad_utf8
         if bad_utf8:
