@@ -133,3 +133,38 @@ def test_batch_of_many_lines_is_matched_column_wise():
     ev = PACKAGED.apply(_example_records(lines, "log"))
     assert ev.height == 500
     assert ev.filter(pl.col("step") == 4990)["path"].to_list() == ["/c/step_4990"]
+
+
+def test_a_users_pack_replaces_or_disables_a_packaged_rule_by_id(tmp_path):
+    """The fix for a misfiring packaged rule is a pack of one's own: same id replaces the
+    packaged rule where it stands; disable: true removes it; an unknown id is refused."""
+    line = "2026-11-30 10:00:00,000 INFO [rank1/4] train: saving checkpoint step 40 to /ckpt/step_40"
+    records = _example_records([line], "log")
+    assert PACKAGED.apply(records)["rule_id"].to_list() == ["plain.saving_checkpoint"]
+    pack = tmp_path / "mine.yaml"
+    pack.write_text("""
+family: mine
+rules:
+  - id: plain.saving_checkpoint
+    event: save_start
+    prefilter: "saving checkpoint step"
+    pattern: 'saving checkpoint step (?P<step>\\d+) to (?P<path>\\S+)'
+    attrs: {mine: 1}
+    examples:
+      match: ["saving checkpoint step 40 to /ckpt/step_40"]
+""")
+    mine = RuleSet.load([str(pack)])
+    ev = mine.apply(records).row(0, named=True)
+    assert (ev["rule_id"], ev["attrs"]) == ("plain.saving_checkpoint", '{"mine": 1}')
+    assert [r.id for r in mine.rules] == [r.id for r in PACKAGED.rules]  # replaced in place
+    assert check_rule_files([str(pack)]) == (len(PACKAGED.rules), [])
+
+    pack.write_text("family: mine\nrules:\n  - {id: plain.saving_checkpoint, disable: true}\n")
+    off = RuleSet.load([str(pack)])
+    assert off.apply(records).is_empty() and len(off.rules) == len(PACKAGED.rules) - 1
+
+    pack.write_text("family: mine\nrules:\n  - {id: plain.saving_checkpointt, disable: true}\n")
+    with pytest.raises(RuleError, match="plain.saving_checkpointt: disables a rule no packaged pack has"):
+        RuleSet.load([str(pack)])
+    n, errors = check_rule_files([str(pack)])
+    assert [e.rule_id for e in errors] == ["plain.saving_checkpointt"]

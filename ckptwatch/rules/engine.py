@@ -28,6 +28,11 @@ Named groups ``job``, ``host``, ``rank``, ``local_rank``, ``pid``, ``step``, ``p
 unless the record starts with a time of its own: it beats one inherited from an earlier line); every other group goes into ``attrs`` (as an integer or float
 when every captured value is one).
 
+**Overriding a packaged rule.** A rule in a user's pack (``--rules``) with the id of a
+packaged rule replaces it where it stands in the order (so a misfiring packaged rule can
+be fixed), and ``{id: <packaged id>, disable: true}`` removes it. Ids must otherwise be
+unique; overriding an id no packaged rule has is an error (a typo would do nothing).
+
 Matching is vectorized: per rule, a literal ``str.contains`` prefilter over the batch,
 then the regex over the survivors only. Rules are tried in load order (pack files in
 name order, rules in file order) and a record yields at most one event: the first rule
@@ -78,6 +83,7 @@ class Rule:
     path_format: str | None = None
     match_examples: tuple[tuple[str, dict[str, Any]], ...] = ()
     no_match_examples: tuple[str, ...] = ()
+    disable: bool = False  # a user's rule that removes the packaged rule of the same id
 
 
 def packaged_rule_files() -> list[str]:
@@ -92,6 +98,10 @@ def _parse_rule(raw: Any, file: str, index: int) -> Rule:
     rid = raw.get("id")
     if not isinstance(rid, str) or not rid:
         raise RuleError(file, f"#{index + 1}", "missing 'id'")
+    if raw.get("disable") is not None:
+        if raw.get("disable") is not True or set(raw) - {"id", "disable", "description"}:
+            raise RuleError(file, rid, "a disabling entry is {id: <packaged rule id>, disable: true} and nothing else")
+        return Rule(id=rid, event="", pattern="", prefilter="", file=file, disable=True)
     for key in ("event", "pattern", "prefilter"):
         if not isinstance(raw.get(key), str) or not raw[key]:
             raise RuleError(file, rid, f"missing or empty '{key}' (a string)")
@@ -147,6 +157,37 @@ def load_rule_file(path: str) -> list[Rule]:
     return [_parse_rule(r, path, i) for i, r in enumerate(doc["rules"])]
 
 
+def _expand(paths: Iterable[str]) -> list[str]:
+    """Rule files from files and directories (their ``*.yaml`` / ``*.yml``, in name order)."""
+    files: list[str] = []
+    for p in paths:
+        if os.path.isdir(p):
+            files += sorted(os.path.join(p, f) for f in os.listdir(p) if f.endswith((".yaml", ".yml")))
+        else:
+            files.append(p)
+    return files
+
+
+def merge_overrides(base: list[Rule], user: list[Rule]) -> list[Rule]:
+    """``base`` (packaged) with ``user`` rules applied: same id replaces in place, ``disable``
+    removes, new ids come after. Raises RuleError for an override of an unknown id or an id
+    two user rules share."""
+    out = list(base)
+    index = {r.id: i for i, r in enumerate(base)}
+    seen: dict[str, str] = {}
+    for r in user:
+        if r.id in seen:
+            raise RuleError(r.file, r.id, f"duplicate id (also in {seen[r.id]})")
+        seen[r.id] = r.file
+        if r.id in index:
+            out[index[r.id]] = r
+        elif r.disable:
+            raise RuleError(r.file, r.id, "disables a rule no packaged pack has (see: ckptwatch rules list)")
+        else:
+            out.append(r)
+    return [r for r in out if not r.disable]
+
+
 def _cast_attr(s: pl.Series) -> pl.Series:
     for dtype in (pl.Int64, pl.Float64):
         c = s.cast(dtype, strict=False)
@@ -177,17 +218,17 @@ class RuleSet:
 
     @classmethod
     def load(cls, extra: Iterable[str] = (), *, packaged: bool = True) -> RuleSet:
-        """The packaged packs (unless ``packaged=False``) plus ``extra`` files or directories."""
-        files = packaged_rule_files() if packaged else []
-        for p in extra:
-            if os.path.isdir(p):
-                files += sorted(os.path.join(p, f) for f in os.listdir(p) if f.endswith((".yaml", ".yml")))
-            else:
-                files.append(p)
-        rules: list[Rule] = []
-        for f in files:
-            rules += load_rule_file(f)
-        return cls(rules)
+        """The packaged packs (unless ``packaged=False``) plus ``extra`` files or directories,
+        whose rules override packaged rules of the same id (see the module docstring).
+
+        Raises RuleError for a broken file, a duplicate id, or an override of an unknown id."""
+        base: list[Rule] = []
+        for f in packaged_rule_files() if packaged else []:
+            base += load_rule_file(f)
+        user: list[Rule] = []
+        for f in _expand(extra):
+            user += load_rule_file(f)
+        return cls(merge_overrides(base, user))
 
     def apply(self, records: pl.DataFrame) -> pl.DataFrame:
         """Match records (RECORD_SCHEMA) and return events (EVENT_SCHEMA), in record order."""
@@ -349,12 +390,18 @@ def check_rule_files(paths: Iterable[str]) -> tuple[int, list[RuleError]]:
     id clashes and rule-order conflicts with them are found too."""
     errors: list[RuleError] = []
     packaged = packaged_rule_files()
-    rules: list[Rule] = []
-    for f in [*packaged, *[p for p in paths if os.path.abspath(p) not in {os.path.abspath(q) for q in packaged}]]:
+    base: list[Rule] = []
+    user: list[Rule] = []
+    for f in [*packaged, *[p for p in _expand(paths) if os.path.abspath(p) not in {os.path.abspath(q) for q in packaged}]]:
         try:
-            rules += load_rule_file(f)
+            (base if f in packaged else user).extend(load_rule_file(f))
         except RuleError as e:
             errors.append(e)
+    try:
+        rules = merge_overrides(base, user)
+    except RuleError as e:
+        errors.append(e)
+        rules = base + [r for r in user if not r.disable]
     good: list[Rule] = []
     seen: set[str] = set()
     for r in rules:
