@@ -34,25 +34,23 @@ def worker_lines(recs: pl.DataFrame, text: str) -> pl.DataFrame:
 # --- real runs ------------------------------------------------------------------------------
 
 
-def test_two_node_consoles_map_local_ranks_to_global_through_the_rendezvous_result():
-    """torchrun --nnodes 2 --nproc-per-node 2 --tee 3: node-b's console says [default0]: and
-    [default1]: for global ranks 2 and 3; its agent's rendezvous result says so."""
-    recs = records(SIGKILL / "c-two-nodes" / "run1-train-killed")
+def test_two_node_consoles_keep_each_nodes_local_ranks_apart():
+    """torchrun --nnodes 2 --nproc-per-node 2 --tee 3: each node's console says [default0]:
+    and [default1]:; the ranks the workers log are read, and the --log-dir files agree."""
+    recs = records(SIGKILL / "c-two-nodes" / "attempt-1")
     steps = worker_lines(recs, "train: step 5/30")
-    by_file = {(Path(f).parent.name, Path(f).name, lr): r
-               for f, lr, r in steps.select("file", "local_rank", "rank").iter_rows()}
-    assert by_file[("node-b", "console.log", 0)] == 2
-    assert by_file[("node-b", "console.log", 1)] == 3
-    assert by_file[("node-a", "console.log", 0)] == 0
-    assert by_file[("node-a", "console.log", 1)] == 1
-    # the same lines from the --log-dir files: one per rank, same global ranks
-    assert sorted(steps.filter(pl.col("file").str.ends_with("stdout.log") | pl.col("file").str.ends_with("stderr.log"))
-                  ["rank"].to_list()) == [0, 1, 2, 3]
-    assert steps["job"].unique().to_list() == ["job-torch-dcp-sigkill-mid-save-run1-train-killed"]
+    consoles = steps.filter(pl.col("file").str.ends_with("console.log"))
+    by_node = {node: sorted(part.select("local_rank", "rank").rows())
+               for (node,), part in consoles.group_by(pl.col("file").str.extract(r"(node-[ab])/"))}
+    assert [lr for lr, _ in by_node["node-a"]] == [0, 1] and [lr for lr, _ in by_node["node-b"]] == [0, 1]
+    assert sorted(r for rows in by_node.values() for _, r in rows) == [0, 1, 2, 3]  # no node collapsed on another
+    per_rank = steps.filter(~pl.col("file").str.ends_with("console.log"))
+    assert sorted(per_rank["rank"].to_list()) == [0, 1, 2, 3]
+    assert steps["job"].n_unique() == 1 and steps["job"][0].startswith("job-")
 
 
 def test_srun_label_task_ids_are_global_ranks_and_the_label_is_removed():
-    recs = records(SIGKILL / "e1-srun-label" / "run1-train-killed")
+    recs = records(SIGKILL / "e1-srun-label" / "attempt-1")
     steps = worker_lines(recs, "Saving checkpoint at step 10 to")  # print()ed: no rank in the text
     assert sorted(steps["rank"].to_list()) == [0, 1, 2, 3]
     assert all(line.startswith("Saving") for line in steps["line"])  # "2: " is gone
@@ -65,10 +63,11 @@ def test_srun_label_task_ids_are_global_ranks_and_the_label_is_removed():
 
 
 def test_pdsh_host_prefix_is_the_host_and_each_nodes_tee_prefix_its_local_rank():
-    recs = records(SIGKILL / "e2-pdsh-two-nodes" / "run1-train-killed")
+    recs = records(SIGKILL / "e2-pdsh-two-nodes" / "attempt-1")
     steps = worker_lines(recs, "train: step 5/30")
-    got = sorted(steps.select("host", "local_rank", "rank").iter_rows())
-    assert got == [("node-a", 0, 0), ("node-a", 1, 1), ("node-b", 0, 2), ("node-b", 1, 3)]
+    got = sorted(steps.select("host", "local_rank").rows())
+    assert got == [("node-a", 0), ("node-a", 1), ("node-b", 0), ("node-b", 1)]
+    assert sorted(steps["rank"].to_list()) == [0, 1, 2, 3]
     assert all(line.startswith("2026-") for line in steps["line"])  # "node-a: [default0]:" removed
 
 
