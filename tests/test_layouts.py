@@ -291,3 +291,23 @@ def test_kernel_uptime_stamps_without_a_boot_time_are_reported(tmp_path):
     _, stats = diagnose([str(tmp_path)])
     assert stats.notes == {"kernel_uptime_without_boot_time": 1}
     assert any("--boot-time" in w for w in stats.label_warnings())
+
+
+def test_accelerate_launch_console_is_tied_to_its_log_dir_run():
+    """accelerate launch --multi_gpu --tee 3 --log_dir: the console and accelerate_logs/<run>/
+    are one job (torchrun's default run id 'none' is not a job: the run directory names it)."""
+    recs = records(REAL / "hf-accelerate-enospc" / "logs" / "attempt-1")
+    jobs = recs.group_by(pl.col("file").str.contains("accelerate_logs")).agg(pl.col("job").unique())
+    assert all(j.to_list() == [recs["job"][0]] for j in jobs["job"]) and recs["job"][0].startswith("none_")
+    workers = recs.filter(pl.col("file").str.ends_with("console.log") & pl.col("local_rank").is_not_null())
+    assert set(workers["local_rank"].to_list()) == {0, 1}
+
+
+def test_deepspeed_launcher_console_reads_each_workers_rank():
+    """The deepspeed launcher prints worker output unprefixed; DeepSpeed's log_dist names rank 0
+    ("[Rank 0] ..."), its launcher lines none; every line has a time of its own or its file's."""
+    recs = records(REAL / "deepspeed-zero2-launcher-sigkill-mid-save" / "logs" / "attempt-1")
+    ranked = recs.filter(pl.col("rank").is_not_null())
+    assert ranked.height and set(ranked["rank"].to_list()) == {0}
+    assert ranked["line"].str.contains("[Rank 0]", literal=True).all()
+    assert recs["ts_source"].value_counts().filter(pl.col("ts_source") == "mtime").is_empty()

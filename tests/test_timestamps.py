@@ -52,11 +52,13 @@ def test_year_from_a_full_timestamp_in_the_same_stream_beats_mtime():
     assert out["ts"][0] == dt.datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
 
 
-def test_inherit_then_mtime_then_carry():
+def test_inherit_then_the_next_time_then_mtime_then_carry():
     mtime = dt.datetime(2026, 12, 1, tzinfo=UTC)
     out = add_event_time(_frame(["Traceback (most recent call last):", "2026-11-30 10:00:00,000 x", "  frame"], mtime=mtime))
-    assert out["ts_source"].to_list() == ["mtime", "line", "inherited"]
-    assert out["ts"].to_list() == [mtime, dt.datetime(2026, 11, 30, 10, tzinfo=UTC), dt.datetime(2026, 11, 30, 10, tzinfo=UTC)]
+    assert out["ts_source"].to_list() == ["inherited", "line", "inherited"]  # before the first time: the next one
+    assert out["ts"].to_list() == [dt.datetime(2026, 11, 30, 10, tzinfo=UTC)] * 3
+    out = add_event_time(_frame(["no time", "none either"], mtime=mtime))
+    assert out["ts_source"].to_list() == ["mtime", "mtime"] and out["ts"].to_list() == [mtime, mtime]
     carried = add_event_time(_frame(["  frame"], mtime=mtime), carry={"s": dt.datetime(2026, 11, 30, 9, tzinfo=UTC)})
     assert carried["ts_source"].to_list() == ["inherited"]
     assert carried["ts"][0] == dt.datetime(2026, 11, 30, 9, tzinfo=UTC)

@@ -13,7 +13,9 @@ Three sources, strongest first:
    (sbatch's default ``--output``): the job is ``slurm-<jobid>[_<task>]`` unless a line
    of the file names one (a torchrun ``run_id``, which its ``--log-dir`` files carry too);
 4. for a torchrun console file (``console.log`` or any file beside a ``--log-dir``), the
-   run id of the single torchrun run directory next to it.
+   run id of the single torchrun run directory next to it (in ``torchrun_logs/``,
+   ``logs/``, ``log_dir/``, right beside it, or in any directory beside it that holds
+   ``<run_id>_<rand>/attempt_N/``, as ``accelerate launch --log_dir`` writes).
 
 Labels found in the lines themselves (``job_id=…``, ``[rank3]:``) are applied later and
 win over path labels for ``rank``; the job of a console file with no path label is taken
@@ -142,6 +144,10 @@ def labels_for(path: str, template: re.Pattern[str] | None = None) -> PathLabels
     for sub in ("torchrun_logs", "logs", "log_dir"):
         run_ids += _torchrun_run_dirs(os.path.join(parent, sub))
     run_ids += _torchrun_run_dirs(parent, with_attempts=True)  # the run directory right beside it
+    if not run_ids:  # any other --log-dir beside it (accelerate_logs/, my_logs/): run dirs with attempts
+        for sub in sorted(_listdir(parent))[:64]:
+            if os.path.isdir(os.path.join(parent, sub)):
+                run_ids += _torchrun_run_dirs(os.path.join(parent, sub), with_attempts=True)
     is_console = os.path.basename(path) == "console.log" or bool(run_ids)
     job = run_ids[0] if len(set(run_ids)) == 1 else None
     return PathLabels(job=job, source_kind="console" if is_console else "log")

@@ -41,8 +41,8 @@ Today's date is never used.
 **Records without a time** inherit the previous record's time in the same stream
 (``ts_source = "inherited"``), then the carried time from the previous batch of that
 stream, then the previous time in the file (a worker that only ``print()``s, on a console
-whose agent lines are dated: file order), then the file's mtime at this read
-(``ts_source = "mtime"``). Callers carry only
+whose agent lines are dated: file order), then the next time in the file (lines before
+its first dated line), then the file's mtime at this read (``ts_source = "mtime"``). Callers carry only
 times read from lines, so a stream that never prints a time moves on with its file's
 mtime from one read to the next instead of freezing at the first.
 """
@@ -243,12 +243,13 @@ def add_event_time(
     in_file = pl.col("_own").forward_fill()  # a stream that never prints a time: file order
     if file_carry is not None:
         in_file = in_file.fill_null(pl.lit(file_carry.astimezone(dt.timezone.utc)).cast(TS))
-    base = pl.coalesce(inherited, pl.col("_carry"), in_file, pl.col(mtime_col))
+    ahead = pl.col("_own").backward_fill()  # lines before the file's first time: the next time, file order kept
+    base = pl.coalesce(inherited, pl.col("_carry"), in_file, ahead, pl.col(mtime_col))
     out = out.with_columns(
         pl.coalesce(pl.col("_own"), base).alias("ts"),
         pl.when(pl.col("_own").is_not_null())
         .then(pl.lit("line"))
-        .when(inherited.is_not_null() | pl.col("_carry").is_not_null() | in_file.is_not_null())
+        .when(inherited.is_not_null() | pl.col("_carry").is_not_null() | in_file.is_not_null() | ahead.is_not_null())
         .then(pl.lit("inherited"))
         .otherwise(pl.lit("mtime"))
         .alias("ts_source"),
