@@ -7,7 +7,9 @@ A rank's part of the save of step N is
   later step (a metric for a step > N or a later ``save_start``) before any failure of the
   job after the save started: a synchronous save must have returned before training went
   on, but progress logged after a failure comes from a restarted process, which says
-  nothing of the save that was under way. Implicit ends are listed apart,
+  nothing of the save that was under way; or, for every expected rank, when the trainer
+  says training finished (``job_end``: HF Trainer's "Training completed", Megatron's
+  "exiting program after N minutes") before any failure. Implicit ends are listed apart,
 * **failed** by a ``save_error`` event for step N.
 
 The ranks expected to take part: every rank of the world size when the job logs saves
@@ -76,7 +78,10 @@ def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
     saves: dict[int, SaveState] = {}
     progress: dict[int, _Progress] = {}  # rank -> its later steps, in time order
     failures: list[dt.datetime] = []  # job failures, in time order
+    ends: list[Ev] = []  # the trainer said training finished
     for ev in events:
+        if ev.kind == "job_end":
+            ends.append(ev)
         if ev.kind in FAILURE_KINDS and ev.kind != "save_error":
             failures.append(ev.ts)
         if ev.kind in ("metric", "save_start") and ev.step is not None:
@@ -113,8 +118,11 @@ def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
             continue
         i = bisect.bisect_left(failures, s.first_ts)
         failed_at = failures[i] if i < len(failures) else None
+        ended = next((e for e in ends if e.ts >= s.first_ts), None)
         for rank in s.expected - set(s.finished):
             went_on = progress[rank].first_past(s.step) if rank in progress else None
+            if went_on is None or (ended is not None and ended.ts < went_on.ts):
+                went_on = ended
             if went_on is not None and (failed_at is None or went_on.ts < failed_at):
                 s.implicit[rank] = went_on
     return saves
