@@ -254,7 +254,9 @@ def run_cmd(
     _sigterm_as_interrupt()
     try:
         runner = EmbeddedRunner(logs, db, options, metrics=metrics, alerter=alerter,
-                                checkpoints=CheckpointWatcher.from_settings(cfg.collect))
+                                checkpoints=CheckpointWatcher.from_settings(cfg.collect),
+                                on_warning=lambda m: _err.print(f"[yellow]warning:[/yellow] {escape(m)}",
+                                                                soft_wrap=True))
     except KeyboardInterrupt:
         return
     except (RuleError, AlertConfigError, RedactionError, IntegrityError) as e:

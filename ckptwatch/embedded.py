@@ -29,7 +29,9 @@ from ckptwatch.sinks.metrics import Metrics
 class EmbeddedRunner:
     """One embedded pipeline over ``logs_dir`` writing ``db_path``.
 
-    ``on_incident`` is called with each new or changed incident (the console channel).
+    ``on_incident`` is called with each new or changed incident (the console channel);
+    ``on_warning`` once with each labelling gap found (events without job or rank, kernel
+    stamps without a boot time: :meth:`Stats.label_warning_items`).
     ``metrics`` is updated every cycle (a new :class:`Metrics` when None). ``alerter``
     builds the :class:`~ckptwatch.sinks.alerts.dispatcher.Alerter` on the runner's store:
     changed incidents are queued for alerting in the transaction that stores them, and
@@ -39,7 +41,8 @@ class EmbeddedRunner:
     def __init__(self, logs_dir: str, db_path: str, options: PipelineOptions | None = None,
                  on_incident: Callable[[Incident], None] | None = None, *, metrics: Metrics | None = None,
                  alerter: Callable[[Store, Metrics], Alerter] | None = None,
-                 checkpoints: CheckpointWatcher | None = None) -> None:
+                 checkpoints: CheckpointWatcher | None = None,
+                 on_warning: Callable[[str], None] | None = None) -> None:
         self.logs_dir = logs_dir
         self.metrics = metrics or Metrics()
         self.options = options or PipelineOptions()
@@ -48,6 +51,8 @@ class EmbeddedRunner:
         self.alerter = alerter(self.store, self.metrics) if alerter else None
         self.detector = Detector(self.options.detector)
         self.on_incident = on_incident or (lambda inc: None)
+        self.on_warning = on_warning or (lambda msg: None)
+        self._warned: set[str] = set()  # label warnings said already (each once per run)
         self._stored = {sid: SourceCheckpoint(sid, file or "", off, job, head or "")
                         for sid, file, off, job, head in self.store.sources()}
         db = os.path.abspath(db_path)
@@ -88,6 +93,10 @@ class EmbeddedRunner:
             for inc in changed:
                 self.on_incident(inc)
         self.stats.duplicate_events = self.detector.stats.duplicates
+        for key, msg in self.stats.label_warning_items().items():
+            if key not in self._warned:
+                self._warned.add(key)
+                self.on_warning(msg)
         self.metrics.observe_incidents(changed)
         self.metrics.observe_detectors([self.detector], now)
         return changed

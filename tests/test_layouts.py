@@ -311,3 +311,26 @@ def test_deepspeed_launcher_console_reads_each_workers_rank():
     assert ranked.height and set(ranked["rank"].to_list()) == {0}
     assert ranked["line"].str.contains("[Rank 0]", literal=True).all()
     assert recs["ts_source"].value_counts().filter(pl.col("ts_source") == "mtime").is_empty()
+
+
+def test_the_users_path_template_wins_over_prefixes(tmp_path):
+    from ckptwatch.ingest.layout import compile_template
+
+    d = tmp_path / "llama-9" / "gpu-3"
+    d.mkdir(parents=True)
+    (d / "rank3.log").write_text("[default1]:2026-11-30 10:00:00,000 [rank1] saving checkpoint step 40 to /c\n"
+                                 "node-x: 2026-11-30 10:00:01,000 step 41\n")
+    recs = records(tmp_path, template=compile_template("{job}/{host}/rank{rank}.log"))
+    assert recs.select("job", "host", "rank").rows() == [("llama-9", "gpu-3", 3)] * 2
+
+
+def test_run_says_each_labelling_gap_once(tmp_path):
+    import subprocess
+    import sys
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "a.log").write_text("2026-11-30 10:05:00,000 INFO train: saving checkpoint step 40 to /ckpt/step_40\n")
+    r = subprocess.run([sys.executable, "-m", "ckptwatch", "run", "--logs", str(logs), "--db", str(tmp_path / "x.duckdb"),
+                        "--once"], capture_output=True, text=True)
+    assert r.stderr.count("carry no job") == 1, r.stderr

@@ -48,20 +48,25 @@ class Stats:
 
     def label_warnings(self) -> list[str]:
         """One line per labelling gap, with the count and what would fix it."""
-        out = []
+        return list(self.label_warning_items().values())
+
+    def label_warning_items(self) -> dict[str, str]:
+        """:meth:`label_warnings` by a key that stays the same as the counts grow (``kernel``,
+        ``no-job``, ``no-rank:<job>``), for saying each once in a live run."""
+        out: dict[str, str] = {}
         if self.notes.get("kernel_uptime_without_boot_time"):
-            out.append(f"{self.notes['kernel_uptime_without_boot_time']} kernel line(s) dated in seconds since boot "
+            out["kernel"] = (f"{self.notes['kernel_uptime_without_boot_time']} kernel line(s) dated in seconds since boot "
                        "were given the time of the lines around them: pass the host's boot time with --boot-time "
                        "(e.g. from `uptime -s`), or log with `dmesg -T` / journalctl")
         if self.no_job:
             files = ", ".join(self.unlabelled_files.get("", [])[:3])
-            out.append(f"{self.no_job} event(s) carry no job (e.g. in {files}): they are judged together as job "
+            out["no-job"] = (f"{self.no_job} event(s) carry no job (e.g. in {files}): they are judged together as job "
                        "'unknown'; name the job with --path-template, e.g. '{job}/rank{rank}.log' or "
                        "'{job}/{host}/*.log' (a directory named after the job, read through a template), or "
                        "log torchrun's launch configuration (LOGLEVEL=INFO prints its run_id)")
         for job, n in sorted(self.no_rank.items()):
             files = ", ".join(self.unlabelled_files.get(job, [])[:3])
-            out.append(f"job {job}: {n} save/failure event(s) carry no rank (e.g. in {files}): blame and shard "
+            out[f"no-rank:{job}"] = (f"job {job}: {n} save/failure event(s) carry no rank (e.g. in {files}): blame and shard "
                        "checks need one; label the files with --path-template '.../rank{rank}.log', or log with "
                        "torchrun --tee 3 / srun --label (a single-process job is rank 0 and needs nothing)")
         return out

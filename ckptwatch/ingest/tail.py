@@ -415,7 +415,8 @@ class FileTail:
             self.stats.uptime_no_boot += int(records["line"].str.contains(timestamps.KERNEL_RE).sum())
         lab = self.labels
         job = self._jobs(records)
-        local = pl.coalesce(pl.col("prefix_local_rank"), pl.lit(lab.local_rank, dtype=pl.Int32))
+        local = (pl.lit(lab.local_rank, dtype=pl.Int32) if lab.local_rank is not None
+                 else pl.col("prefix_local_rank"))
         mapped = (pl.concat_str([self._node_key(), local.cast(pl.Utf8)], separator="|")
                   .replace_strict(self.rank_map, default=None, return_dtype=pl.Int32) if self.rank_map else None)
         rank = [pl.col("prefix_rank"), prefix.inline_rank(pl.col("line"))] + ([mapped] if mapped is not None else [])
@@ -433,8 +434,10 @@ class FileTail:
             pl.col("stream_key").str.split_exact(":", 1).struct.field("field_1").alias("stream"),
             pl.col("offset"),
             job.alias("job"),
-            pl.coalesce(pl.col("prefix_host"), pl.lit(lab.host, dtype=pl.Utf8)).alias("host"),
-            pl.coalesce([*rank, pl.lit(lab.rank, dtype=pl.Int32)]).cast(pl.Int32).alias("rank"),
+            # a user's path template says what the path means: its labels win over prefixes
+            (pl.lit(lab.host, dtype=pl.Utf8) if lab.host is not None else pl.col("prefix_host")).alias("host"),
+            (pl.lit(lab.rank, dtype=pl.Int32) if lab.rank is not None else pl.coalesce(rank)).cast(pl.Int32)
+            .alias("rank"),
             local.cast(pl.Int32).alias("local_rank"),
             pl.col("prefix_pid").alias("pid"),
             pl.col("ts"),
