@@ -153,11 +153,14 @@ def diagnose_cmd(
             incidents, stats = diagnose(paths, options, progress=_Progress(_err) if _err.is_terminal else None)
         except RuleError as e:
             raise _fail(str(e)) from None
-        if "-" in sys.argv[1:]:
+        if "-" in sys.argv[1:]:  # name the spool file as the user knows it
             spooled = os.path.join(spool, "stdin.log")
-            stats.errors = [m.replace(spooled + ".gz", "<stdin>").replace(spooled, "<stdin>") for m in stats.errors]
-            stats.unlabelled_files = {k: [f.replace(spooled + ".gz", "<stdin>").replace(spooled, "<stdin>") for f in v]
-                                      for k, v in stats.unlabelled_files.items()}
+
+            def named(text: str) -> str:
+                return text.replace(spooled + ".gz", "<stdin>").replace(spooled, "<stdin>")
+
+            stats.errors = [named(m) for m in stats.errors]
+            stats.unlabelled_files = {k: [named(f) for f in v] for k, v in stats.unlabelled_files.items()}
     if stats.files == 0 or stats.files == stats.skipped.get("unreadable_file", 0):
         for msg in stats.errors:
             _err.print(f"[red]error:[/red] {escape(msg)}", soft_wrap=True)

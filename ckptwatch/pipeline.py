@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from ckptwatch.detectors import Detector, DetectorConfig, Incident
+from ckptwatch.detectors.events import HOST_KINDS
 from ckptwatch.ingest.stats import Stats
 from ckptwatch.ingest.watcher import SourceWatcher
 from ckptwatch.rules import RuleSet
@@ -64,7 +65,7 @@ def extract_events(rules: RuleSet, records: pl.DataFrame, stats: Stats) -> pl.Da
 def _audit_labels(events: pl.DataFrame, stats: Stats, files: dict[str, str]) -> None:
     """Count the job's own events (not host-level kernel/storage lines) that carry no job,
     and the ranked ones that carry no rank, per job, remembering a few of their files."""
-    own = events.filter(~pl.col("kind").is_in(["oom_kill", "gpu_xid", "storage_error", "node_lost"])
+    own = events.filter(~pl.col("kind").is_in(sorted(HOST_KINDS))
                         | pl.col("rank").is_not_null() | pl.col("local_rank").is_not_null())
     no_job = own.filter(pl.col("job").is_null())
     if no_job.height:

@@ -63,7 +63,6 @@ class TailStats:
     records: int = 0
     invalid_utf8: int = 0
     ts_rejected: int = 0
-    year_guessed: int = 0
     uptime_no_boot: int = 0  # kernel [ seconds] stamps read without a boot time
     skipped: dict[str, int] = field(default_factory=dict)
 
@@ -360,6 +359,8 @@ class FileTail:
         prefix is then ``--tee`` with ``--role rank``, a local rank."""
         if any(int(k.rsplit("|", 1)[1]) != v for k, v in self.rank_map.items()):
             return True
+        if not raw["line"].str.contains("global_ranks=", literal=True).any():
+            return False
         found = raw["line"].str.extract(_GLOBAL_RANKS, 1).drop_nulls()
         return any(_ints(g) != list(range(len(_ints(g)))) for g in found)
 
@@ -404,7 +405,6 @@ class FileTail:
         records = timestamps.add_event_time(records, carry=self.carry, boot_time=self.boot_time, now=now,
                                             file_carry=self.file_carry)
         self.stats.ts_rejected += int(records["ts_rejected"].sum())
-        self.stats.year_guessed += int(records["ts_year_guessed"].sum())
         # carry only times read from lines: a stream that never prints one moves on with the mtime
         dated = records.filter(pl.col("ts_source") != "mtime")
         last = dated.group_by("stream_key").agg(pl.col("ts").last())
@@ -417,16 +417,13 @@ class FileTail:
         job = self._jobs(records)
         local = (pl.lit(lab.local_rank, dtype=pl.Int32) if lab.local_rank is not None
                  else pl.col("prefix_local_rank"))
-        mapped = (pl.concat_str([self._node_key(), local.cast(pl.Utf8)], separator="|")
-                  .replace_strict(self.rank_map, default=None, return_dtype=pl.Int32) if self.rank_map else None)
-        rank = [pl.col("prefix_rank"), prefix.inline_rank(pl.col("line"))] + ([mapped] if mapped is not None else [])
-        if self.rank_map:  # an agent's line about one of its workers: by the agent's pid, else its node
-            agent_local = pl.col("line").str.extract(_AGENT_LOCAL, 1)
-            rank += [pl.format("pid:{}|{}", pl.col("line").str.extract(_AGENT_PID, 1), agent_local)
-                     .replace_strict(self.rank_map, default=None, return_dtype=pl.Int32),
-                     pl.when(pl.col("line").str.contains(_AGENT_PID)).then(
-                         pl.concat_str([self._node_key(), agent_local], separator="|"))
-                     .replace_strict(self.rank_map, default=None, return_dtype=pl.Int32)]
+        rank = [pl.col("prefix_rank"), prefix.inline_rank(pl.col("line"))]
+        if self.rank_map:  # a worker's local rank, or the one an agent's line reports on, mapped
+            agent_pid = pl.col("line").str.extract(_AGENT_PID, 1)
+            agent_local = pl.when(agent_pid.is_not_null()).then(pl.col("line").str.extract(_AGENT_LOCAL, 1))
+            keys = [pl.format("pid:{}|{}", agent_pid, agent_local),  # the agent's own pid first
+                    pl.concat_str([self._node_key(), pl.coalesce(local.cast(pl.Utf8), agent_local)], separator="|")]
+            rank += [k.replace_strict(self.rank_map, default=None, return_dtype=pl.Int32) for k in keys]
         out = records.select(
             pl.lit(self.source_id).alias("source_id"),
             pl.lit(lab.source_kind).alias("source_kind"),

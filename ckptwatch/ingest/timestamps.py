@@ -67,8 +67,7 @@ CTIME_RE = (
     r"(?:\.(?P<frac>\d{1,9}))? (?P<year>\d{4})\b"
 )
 GLOG_RE = r"^\[?[IWEF](?P<mon>\d{1,2})(?P<day>\d{2}) (?P<time>\d{2}:\d{2}:\d{2})(?:\.(?P<frac>\d{1,9}))?\s"
-SYSLOG_RE = _MON + r" +(?P<day>\d{1,2}) (?P<time>\d{2}:\d{2}:\d{2})(?:\.(?P<frac>\d{1,9}))?\s"
-SYSLOG_RE = "^" + SYSLOG_RE
+SYSLOG_RE = "^" + _MON + r" +(?P<day>\d{1,2}) (?P<time>\d{2}:\d{2}:\d{2})(?:\.(?P<frac>\d{1,9}))?\s"
 KERNEL_RE = r"^\[\s*(?P<up>\d+\.\d+)\]"
 
 _MONTHS = {m: f"{i:02d}" for i, m in enumerate(
