@@ -70,6 +70,8 @@ EVENT_KINDS = frozenset(
         "resume",
         "process_exit",
         "agent_signal",  # torchrun sends a signal to a worker while tearing the group down
+        "job_signal",  # the job (launcher or a rank) got a signal from outside: scheduler, operator
+        "cuda_oom",  # a rank ran out of GPU memory (torch.OutOfMemoryError)
         "oom_kill",
         "collective_timeout",
         "collective_error",

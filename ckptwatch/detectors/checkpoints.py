@@ -7,17 +7,19 @@ directory, so a checkpoint is identified by its directory and step, not by its j
 
 * Megatron-LM logs the root (``saving checkpoint at iteration 40 to /ckpt``) and writes
   ``/ckpt/iter_0000040``; HF Trainer logs ``/out/checkpoint-40``; plain loops ``/ckpt/step_40``.
-  A last path component that carries the step's number is dropped: all give ``(/ckpt, 40)``.
+  A last path component that carries the step by one of the naming conventions of
+  :mod:`ckptwatch.naming` is dropped: all give ``(/ckpt, 40)``. Other numbers in a path
+  (``/ckpt/run-17``) are not steps.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import os
-import re
 from dataclasses import dataclass, field
 
 from ckptwatch.detectors.incident import Incident
+from ckptwatch.naming import STEP_IN_NAME
 
 #: A checkpoint's identity: (directory holding the per-step checkpoints, step). Either may be None.
 CheckpointKey = tuple[str | None, int | None]
@@ -26,20 +28,18 @@ CheckpointKey = tuple[str | None, int | None]
 BAD_KINDS = frozenset({"interrupted_save", "storage_failure_during_save", "partial_checkpoint", "stalled_save",
                        "corrupt_checkpoint"})
 
-_DIGITS = re.compile(r"\d+")
-
-
 def checkpoint_key(path: str | None, step: int | None) -> CheckpointKey:
     """``(root, step)`` of a checkpoint named by ``path`` and/or ``step`` (see the module
-    docstring). When only the path is known, a number in its last component is the step."""
+    docstring). When only the path is known, a step its last component names by convention
+    is the step."""
     if not path:
         return (None, step)
     p = os.path.normpath(path.rstrip("/"))
-    base = os.path.basename(p)
-    numbers = [int(n) for n in _DIGITS.findall(base)]
-    if step is None and len(numbers) == 1:
-        step = numbers[0]
-    if step is not None and step in numbers:
+    m = STEP_IN_NAME.search(os.path.basename(p))
+    named = int(m.group(1)) if m else None
+    if step is None:
+        step = named
+    if step is not None and step == named:
         return (os.path.dirname(p), step)
     return (p, step)
 

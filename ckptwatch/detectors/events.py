@@ -10,7 +10,7 @@ from typing import Any
 #: Kinds that are evidence of something going wrong (candidates for root cause or collateral).
 FAILURE_KINDS = frozenset(
     {"process_exit", "agent_signal", "oom_kill", "collective_timeout", "collective_error", "storage_error",
-     "gpu_xid", "node_lost", "job_failed", "save_error"}
+     "gpu_xid", "node_lost", "job_failed", "save_error", "job_signal", "cuda_oom"}
 )
 #: Kinds of a job loading a checkpoint: what the resume detectors read.
 LOAD_KINDS = frozenset({"load_start", "resume", "load_end"})
@@ -26,6 +26,11 @@ def is_host_event(kind: str, rank: int | None, local_rank: int | None) -> bool:
 
 _SIGNALS = {1: "SIGHUP", 2: "SIGINT", 3: "SIGQUIT", 4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE",
             9: "SIGKILL", 11: "SIGSEGV", 13: "SIGPIPE", 15: "SIGTERM"}
+
+
+#: A shell's or srun's description of a death by signal (bash ``strsignal``, srun task states).
+_SIGWORDS = {"Killed": "SIGKILL", "Terminated": "SIGTERM", "Aborted": "SIGABRT", "Segmentation fault": "SIGSEGV",
+             "Bus error": "SIGBUS", "Hangup": "SIGHUP", "Interrupt": "SIGINT"}
 
 
 def signal_name(exitcode: int | None) -> str | None:
@@ -82,7 +87,26 @@ class Ev:
 
     @property
     def signal(self) -> str | None:
-        return self.attrs.get("signal") or signal_name(self.exitcode)
+        """The signal the event's process died of or received: named in the line, as a
+        signal number, as a shell's word for it ("Killed"), as torchrun's negative exit
+        code, or as a launcher's or shell's exit status 128+N."""
+        a = self.attrs
+        if a.get("signal"):
+            return str(a["signal"])
+        if a.get("sigword") in _SIGWORDS:
+            return _SIGWORDS[a["sigword"]]
+        if isinstance(a.get("signum"), int):
+            return signal_name(-a["signum"])
+        code = self.exitcode
+        if code is not None and code > 128 and a.get("reporter") in ("shell", "launcher", "srun"):
+            return signal_name(128 - code)
+        return signal_name(code)
+
+    @property
+    def died_of_signal(self) -> bool:
+        """A process_exit that reports a death by signal (not a normal exit)."""
+        return self.kind == "process_exit" and self.signal is not None and (self.exitcode is None or self.exitcode < 0
+                                                                            or self.exitcode > 128)
 
     def first_line(self, limit: int = 240) -> str:
         """The most telling line of the record: for a traceback, its last exception line."""

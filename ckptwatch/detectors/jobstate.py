@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 from ckptwatch.detectors.events import LOADING_KINDS, Ev
 from ckptwatch.detectors.incident import EvidenceItem
 
+#: progress lines kept per job (newest first to go are the oldest half)
+MAX_PROGRESS = 20_000
+
 
 @dataclass
 class JobState:
@@ -40,6 +43,12 @@ class JobState:
     loading: list[Ev] = field(default_factory=list)
     #: its checkpoint verifications (``integrity`` events), for :mod:`.integrity_incidents`
     integrity: list[Ev] = field(default_factory=list)
+    #: its progress lines (``metric`` events, deduplicated), the newest :data:`MAX_PROGRESS`: a save
+    #: without an end line ends at its rank's next one, a save line without a step takes the last one's
+    progress: list[Ev] = field(default_factory=list)
+    _progress_seen: set[str] = field(default_factory=set)
+    #: highest rank / local rank any event of the job carried (-1: none): 0 means one process
+    max_rank: int = -1
 
     def add(self, ev: Ev, *, ts_limit: dt.datetime | None = None) -> bool:
         """Record ``ev``; False if it was already known (same dedup key). An event time past
@@ -49,6 +58,7 @@ class JobState:
         self._learn(ev)
         if ev.kind == "metric":
             rank = self.rank_of(ev)
+            self._add_progress(ev)
             self._add_loss(ev, rank)
             if rank is not None and ev.step is not None and ev.step >= self.last_metric_step.get(rank, -1):
                 self.last_metric_step[rank] = ev.step
@@ -62,6 +72,15 @@ class JobState:
         elif ev.kind == "integrity":
             self.integrity.append(ev)
         return True
+
+    def _add_progress(self, ev: Ev) -> None:
+        if ev.dedup_key in self._progress_seen:
+            return
+        self._progress_seen.add(ev.dedup_key)
+        self.progress.append(ev)
+        if len(self.progress) > MAX_PROGRESS:  # old saves are long concluded: keep the newest half
+            del self.progress[: MAX_PROGRESS // 2]
+            self._progress_seen = {e.dedup_key for e in self.progress}
 
     def _add_loss(self, ev: Ev, rank: int | None) -> None:
         loss = ev.attrs.get("loss")
@@ -82,10 +101,17 @@ class JobState:
             self.losses.append((ev.ts, ev.step, value))
 
     def _learn(self, ev: Ev) -> None:
+        for r in (ev.rank, ev.local_rank):
+            if r is not None and r > self.max_rank:
+                self.max_rank = r
         if ev.kind == "world_size" or ev.rule_id.startswith("ckptwatch."):  # its own lines say it too
             ws = ev.attrs.get("world_size")
             if isinstance(ws, int) and ws > 0:
                 self.world_size = max(self.world_size or 0, ws)
+        if ev.rank is None and ev.local_rank is None and ev.pid is not None and ev.pid not in self.pid_rank \
+                and ev.attrs.get("reporter") in ("shell",) and self.single_process:
+            self.pid_rank[ev.pid] = 0  # the shell names the one process of a single-process job
+            self.rank_pid.setdefault(0, ev.pid)
         if ev.rank is not None:
             if ev.pid is not None:
                 self.pid_rank[ev.pid] = ev.rank
@@ -95,9 +121,21 @@ class JobState:
             if ev.local_rank is not None:
                 self.local_to_rank[(ev.host, ev.local_rank)] = ev.rank
 
+    @property
+    def single_process(self) -> bool:
+        """The job is one process (no rank above 0 and a world size of at most 1 seen): its
+        rank-less lines are rank 0's."""
+        return self.max_rank <= 0 and (self.world_size or 1) <= 1
+
+    def main_rank_of(self, ev: Ev) -> int:
+        """:meth:`rank_of`, with a rank-less line taken as the main process's (rank 0):
+        trainers print saves and progress from rank 0 only, without a rank."""
+        r = self.rank_of(ev)
+        return 0 if r is None else r
+
     def rank_of(self, ev: Ev) -> int | None:
         """The global rank of an event: its own, else by pid, else by (host, local_rank);
-        on a single-host job a local rank is the rank."""
+        on a single-host job a local rank is the rank; in a single-process job, 0."""
         if ev.rank is not None:
             return ev.rank
         if ev.pid is not None and ev.pid in self.pid_rank:
@@ -109,6 +147,9 @@ class JobState:
             hosts = set(self.rank_host.values())
             if len(hosts) <= 1:
                 return ev.local_rank
+        if self.single_process and ev.kind not in ("oom_kill", "gpu_xid", "node_lost") and (
+                ev.pid is None or ev.pid in self.pid_rank or not self.pid_rank):
+            return 0
         return None
 
     def host_of(self, rank: int | None) -> str | None:

@@ -89,7 +89,7 @@ def evaluate(
         n_before = len(out)
         start = s.first_ts - dt.timedelta(seconds=windows.pre_window)
         failures = sorted(
-            [e for e in job_failures if e.ts >= start] + [e for e in host_events if e.ts >= start],
+            {e.ref: e for e in [*job_failures, *host_events] if e.ts >= start}.values(),
             key=lambda e: (e.ts, e.source_id, e.offset),
         )
         # failures that belong to a later save's window are that save's business

@@ -2,30 +2,38 @@
 
 A rank's part of the save of step N is
 
-* **started** by a ``save_start`` event for step N,
-* **finished** by a ``save_end`` event for step N, or implicitly when the rank logs a
-  later step (a metric for a step > N or a later ``save_start``) before any failure of the
-  job after the save started: a synchronous save must have returned before training went
-  on, but progress logged after a failure comes from a restarted process, which says
-  nothing of the save that was under way; or, for every expected rank, when the trainer
-  says training finished (``job_end``: HF Trainer's "Training completed", Megatron's
-  "exiting program after N minutes") before any failure. Implicit ends are listed apart,
-* **failed** by a ``save_error`` event for step N.
+* **started** by a ``save_start`` event for step N. A save line without a step (torchtitan,
+  torchtune, "Saving checkpoint...") is the save of the rank's last logged step;
+* **finished** by a ``save_end`` event for step N (one without a step ends the rank's open
+  save), or implicitly when the rank logs progress (a metric line with a later step, or
+  with no step at all, or a later ``save_start``) after the save started and before any
+  failure of the job: a synchronous save must have returned before training went on,
+  but progress logged after a failure comes from a restarted process, which says nothing
+  of the save that was under way. Asynchronous saves (a start with ``attrs.async``) end only
+  at their own end line. When the trainer says training finished (``job_end``: HF Trainer's
+  "Training completed", Megatron's "exiting program after N minutes") before any failure,
+  every expected rank's part ends. Implicit ends are listed apart;
+* **failed** by a ``save_error`` event for step N, or by any failure whose traceback passes
+  through save code (``attrs.during == "save"``: see the rule packs' ``frames``), which is
+  also a start when no save line was printed: at the step the error's path names, else the
+  rank's open save, else the rank's last logged step.
 
-The ranks expected to take part: every rank of the world size when the job logs saves
-on several ranks (as DCP trainers do); only the ranks that logged when the job logs
-saves from one rank only (as HF Trainer does from the main process).
+Rank-less save and progress lines are the main process's (rank 0): trainers print them from
+rank 0 only. The ranks expected to take part: every rank of the world size when the job
+logs saves on several ranks (as DCP trainers do); only the ranks that logged when the job
+logs saves from one rank only (as HF Trainer does from the main process).
 """
 
 from __future__ import annotations
 
+import bisect
 import datetime as dt
 from dataclasses import dataclass, field
 
-import bisect
-
 from ckptwatch.detectors.events import FAILURE_KINDS, Ev
 from ckptwatch.detectors.jobstate import JobState
+
+_SAVE_KINDS = ("save_start", "save_end", "save_error")
 
 
 @dataclass
@@ -73,39 +81,61 @@ def _better_path(a: str | None, b: str | None) -> str | None:
     return a if len(a) >= len(b) else b
 
 
+def _key(ev: Ev) -> tuple:
+    return (ev.ts, ev.source_id, ev.offset)
+
+
 def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
-    """All saves of a job by step, with expected ranks and implicit ends filled in."""
+    """All saves of a job by step, with expected ranks and implicit ends filled in.
+    ``events``: the job's events in time order (metrics come from ``state.progress``)."""
     saves: dict[int, SaveState] = {}
-    progress: dict[int, _Progress] = {}  # rank -> its later steps, in time order
+    progress: dict[int, _Progress] = {}  # rank -> its progress lines, in time order
     failures: list[dt.datetime] = []  # job failures, in time order
     ends: list[Ev] = []  # the trainer said training finished
-    for ev in events:
+    last_step: dict[int, int] = {}  # rank -> its last logged step, as of the event at hand
+    open_save: dict[int, int] = {}  # rank -> the step of its latest started save not ended
+    timeline = sorted([*events, *state.progress], key=_key)
+    for ev in timeline:
+        if ev.kind == "metric" or (ev.kind == "save_start" and ev.step is not None):
+            r = state.main_rank_of(ev)
+            if ev.kind == "metric":
+                progress.setdefault(r, _Progress()).add(ev)
+            if ev.step is not None:
+                last_step[r] = ev.step
+            if ev.kind == "metric":
+                continue
         if ev.kind == "job_end":
             ends.append(ev)
+        during_save = ev.attrs.get("during") == "save" and ev.kind in FAILURE_KINDS
         if ev.kind in FAILURE_KINDS and ev.kind != "save_error":
             failures.append(ev.ts)
-        if ev.kind in ("metric", "save_start") and ev.step is not None:
-            r = state.rank_of(ev)
-            if r is not None:
-                progress.setdefault(r, _Progress()).add(ev)
-        if ev.kind not in ("save_start", "save_end", "save_error") or ev.step is None:
+        if ev.kind not in _SAVE_KINDS and not during_save:
             continue
-        rank = state.rank_of(ev)
-        if rank is None:
-            rank = -1  # unknown rank: still counts as "someone"
-        s = saves.setdefault(ev.step, SaveState(step=ev.step))
-        s.path = _better_path(s.path, ev.path)
-        if ev.kind == "save_start":
+        rank = state.main_rank_of(ev)
+        step = ev.step
+        if step is None:
+            if ev.kind == "save_start":
+                step = last_step.get(rank, max(last_step.values(), default=None))
+            else:
+                step = open_save.get(rank, last_step.get(rank, max(last_step.values(), default=None)))
+        if step is None:
+            continue
+        s = saves.setdefault(step, SaveState(step=step))
+        s.path = _better_path(s.path, ev.path if ev.kind in _SAVE_KINDS else None)
+        if ev.kind == "save_start" or (during_save and rank not in s.started):
             s.started.setdefault(rank, ev)
             s.first_ts = ev.ts if s.first_ts is None or ev.ts < s.first_ts else s.first_ts
-        elif ev.kind == "save_end":
+            open_save[rank] = step
+        if ev.kind == "save_end":
             s.finished.setdefault(rank, ev)
             if s.first_ts is None:
                 s.first_ts = ev.ts
-        else:
+            if open_save.get(rank) == step:
+                del open_save[rank]
+        elif ev.kind == "save_error" or during_save:
             s.failed.setdefault(rank, ev)
     multi_rank = any(len(set(s.started) | set(s.finished)) > 1 for s in saves.values())
-    seen_ranks = set().union(*(set(x.started) | set(x.finished) for x in saves.values())) - {-1} if saves else set()
+    seen_ranks = set().union(*(set(x.started) | set(x.finished) for x in saves.values())) if saves else set()
     for s in saves.values():
         logged = set(s.started) | set(s.finished) | set(s.failed)
         if multi_rank and state.world_size:
@@ -119,29 +149,43 @@ def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
         i = bisect.bisect_left(failures, s.first_ts)
         failed_at = failures[i] if i < len(failures) else None
         ended = next((e for e in ends if e.ts >= s.first_ts), None)
+        is_async = any(e.attrs.get("async") for e in s.started.values())
         for rank in s.expected - set(s.finished):
-            went_on = progress[rank].first_past(s.step) if rank in progress else None
+            since = s.started[rank].ts if rank in s.started else s.first_ts
+            went_on = None
+            if not is_async and rank in progress:
+                went_on = progress[rank].first_after(since, s.step)
             if went_on is None or (ended is not None and ended.ts < went_on.ts):
                 went_on = ended
             if went_on is not None and (failed_at is None or went_on.ts < failed_at):
                 s.implicit[rank] = went_on
+        # a later save of the same rank that started before any failure also ends this one
+        if not is_async:
+            for rank in s.expected - s.done_ranks:
+                later = [x.started[rank] for x in saves.values() if x.step > s.step and rank in x.started
+                         and x.started[rank].ts >= s.first_ts]
+                nxt = min(later, key=_key, default=None)
+                if nxt is not None and (failed_at is None or nxt.ts < failed_at):
+                    s.implicit[rank] = nxt
     return saves
 
 
 @dataclass
 class _Progress:
-    """One rank's step-bearing events in time order, with the running maximum of their
-    steps, so that "the first event past step N" is a binary search."""
+    """One rank's progress lines in time order, so that "the first one after time t" is a
+    binary search."""
 
     events: list[Ev] = field(default_factory=list)
-    max_step: list[int] = field(default_factory=list)
+    times: list[dt.datetime] = field(default_factory=list)
 
     def add(self, ev: Ev) -> None:
-        assert ev.step is not None
         self.events.append(ev)
-        self.max_step.append(max(ev.step, self.max_step[-1]) if self.max_step else ev.step)
+        self.times.append(ev.ts)
 
-    def first_past(self, step: int) -> Ev | None:
-        """The earliest event with a step above ``step`` (None if there is none)."""
-        i = bisect.bisect_right(self.max_step, step)
-        return self.events[i] if i < len(self.events) else None
+    def first_after(self, since: dt.datetime, step: int) -> Ev | None:
+        """The earliest progress line after ``since`` (UTC) with a step above ``step`` or
+        none at all (None if there is none)."""
+        for ev in self.events[bisect.bisect_right(self.times, since):]:
+            if ev.step is None or ev.step > step:
+                return ev
+        return None

@@ -53,6 +53,7 @@ import polars as pl
 import yaml
 
 from ckptwatch.ingest import timestamps
+from ckptwatch.naming import step_from_path
 from ckptwatch.schema import EVENT_KINDS, EVENT_SCHEMA, RECORD_SCHEMA, TS, empty_events
 
 _COLUMN_GROUPS = {"job": pl.Utf8, "host": pl.Utf8, "rank": pl.Int32, "local_rank": pl.Int32,
@@ -84,6 +85,21 @@ class Rule:
     match_examples: tuple[tuple[str, dict[str, Any]], ...] = ()
     no_match_examples: tuple[str, ...] = ()
     disable: bool = False  # a user's rule that removes the packaged rule of the same id
+    source: str = ""  # the framework file and function the wording was read from
+
+
+@dataclass(frozen=True)
+class Frame:
+    """A traceback frame of save or load code (a pack's ``frames:`` list). An event whose
+    record is a traceback through such a frame gets ``attrs["during"] = during``
+    (``save`` or ``load``): the detectors then know a save (or load) failed even when the
+    trainer printed no save line. ``pattern`` is matched against the whole record."""
+
+    during: str
+    prefilter: str
+    pattern: str
+    file: str
+    source: str = ""
 
 
 def packaged_rule_files() -> list[str]:
@@ -106,7 +122,7 @@ def _parse_rule(raw: Any, file: str, index: int) -> Rule:
         if not isinstance(raw.get(key), str) or not raw[key]:
             raise RuleError(file, rid, f"missing or empty '{key}' (a string)")
     unknown = set(raw) - {"id", "event", "pattern", "prefilter", "sources", "attrs", "path_format", "examples",
-                          "description"}
+                          "description", "source"}
     if unknown:
         raise RuleError(file, rid, f"unknown field(s) {sorted(unknown)}")
     if raw["event"] not in EVENT_KINDS:
@@ -115,8 +131,10 @@ def _parse_rule(raw: Any, file: str, index: int) -> Rule:
     if not isinstance(sources, list) or not set(sources) <= _SOURCE_KINDS:
         raise RuleError(file, rid, f"'sources' must be a list drawn from {sorted(_SOURCE_KINDS)}")
     attrs = raw.get("attrs") or {}
-    if not isinstance(attrs, dict):
-        raise RuleError(file, rid, "'attrs' must be a mapping")
+    if not isinstance(attrs, dict) or not all(isinstance(v, str | int | float | bool) for v in attrs.values()):
+        raise RuleError(file, rid, "'attrs' must be a mapping of names to strings, numbers or booleans")
+    if not isinstance(raw.get("source", ""), str):
+        raise RuleError(file, rid, "'source' must be a string (the framework file and function the line comes from)")
     ex = raw.get("examples") or {}
     if not isinstance(ex, dict):
         raise RuleError(file, rid, "'examples' must be a mapping with 'match' and 'no_match' lists")
@@ -136,13 +154,18 @@ def _parse_rule(raw: Any, file: str, index: int) -> Rule:
     return Rule(
         id=rid, event=raw["event"], pattern=raw["pattern"], prefilter=raw["prefilter"], file=file,
         sources=tuple(sources), attrs=attrs, path_format=raw.get("path_format"),
-        match_examples=tuple(matches), no_match_examples=tuple(no_matches),
+        match_examples=tuple(matches), no_match_examples=tuple(no_matches), source=raw.get("source", ""),
     )
 
 
 def load_rule_file(path: str) -> list[Rule]:
     """Parse one rule pack. Raises RuleError (file, rule id, reason) on any defect it can see
     without running the patterns; :func:`check_rules` runs them."""
+    return load_pack(path)[0]
+
+
+def load_pack(path: str) -> tuple[list[Rule], list[Frame]]:
+    """Parse one rule pack: its rules and its traceback ``frames``. Raises RuleError."""
     try:
         with open(path, encoding="utf-8") as f:
             doc = yaml.safe_load(f)
@@ -152,9 +175,29 @@ def load_rule_file(path: str) -> list[Rule]:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         raise RuleError(path, None, f"invalid YAML: {where}{getattr(e, 'problem', e)}") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("rules"), list):
+    if not isinstance(doc, dict) or not isinstance(doc.get("rules", []), list) or not (
+            doc.get("rules") or doc.get("frames")):
         raise RuleError(path, None, "expected a mapping with a 'rules' list")
-    return [_parse_rule(r, path, i) for i, r in enumerate(doc["rules"])]
+    return [_parse_rule(r, path, i) for i, r in enumerate(doc.get("rules") or [])], _parse_frames(doc, path)
+
+
+def _parse_frames(doc: dict, path: str) -> list[Frame]:
+    raw = doc.get("frames") or []
+    if not isinstance(raw, list):
+        raise RuleError(path, None, "'frames' must be a list")
+    out = []
+    for i, f in enumerate(raw):
+        where = f"frame #{i + 1}"
+        if not isinstance(f, dict) or f.get("during") not in ("save", "load"):
+            raise RuleError(path, where, "a frame is a mapping with 'during' (save or load), 'prefilter', 'pattern'")
+        if set(f) - {"during", "prefilter", "pattern", "source", "description"}:
+            raise RuleError(path, where, f"unknown field(s) {sorted(set(f) - {'during', 'prefilter', 'pattern', 'source'})}")
+        for key in ("prefilter", "pattern"):
+            if not isinstance(f.get(key), str) or not f[key]:
+                raise RuleError(path, where, f"missing or empty '{key}' (a string)")
+        out.append(Frame(during=f["during"], prefilter=f["prefilter"], pattern=f["pattern"], file=path,
+                         source=str(f.get("source", ""))))
+    return out
 
 
 def _expand(paths: Iterable[str]) -> list[str]:
@@ -202,8 +245,9 @@ class RuleSet:
     Raises RuleError on duplicate ids or a pattern the regex engine rejects.
     """
 
-    def __init__(self, rules: Iterable[Rule]) -> None:
+    def __init__(self, rules: Iterable[Rule], frames: Iterable[Frame] = ()) -> None:
         self.rules: list[Rule] = []
+        self.frames: list[Frame] = list(frames)
         seen: dict[str, str] = {}
         probe = pl.Series("line", ["x"], dtype=pl.Utf8)
         for r in rules:
@@ -215,6 +259,11 @@ class RuleSet:
             except Exception as e:  # polars raises ComputeError with the regex crate's message
                 raise RuleError(r.file, r.id, f"pattern does not compile: {str(e).splitlines()[0:4]}") from None
             self.rules.append(r)
+        for f in self.frames:
+            try:
+                probe.str.contains(f.pattern)
+            except Exception as e:
+                raise RuleError(f.file, f"frame {f.prefilter!r}", f"pattern does not compile: {str(e).splitlines()[0:4]}") from None
 
     @classmethod
     def load(cls, extra: Iterable[str] = (), *, packaged: bool = True) -> RuleSet:
@@ -223,12 +272,17 @@ class RuleSet:
 
         Raises RuleError for a broken file, a duplicate id, or an override of an unknown id."""
         base: list[Rule] = []
+        frames: list[Frame] = []
         for f in packaged_rule_files() if packaged else []:
-            base += load_rule_file(f)
+            rules, fr = load_pack(f)
+            base += rules
+            frames += fr
         user: list[Rule] = []
         for f in _expand(extra):
-            user += load_rule_file(f)
-        return cls(merge_overrides(base, user))
+            rules, fr = load_pack(f)
+            user += rules
+            frames += fr
+        return cls(merge_overrides(base, user), frames)
 
     def apply(self, records: pl.DataFrame) -> pl.DataFrame:
         """Match records (RECORD_SCHEMA) and return events (EVENT_SCHEMA), in record order."""
@@ -276,9 +330,12 @@ class RuleSet:
         static = rule.attrs
         attrs_json = []
         rows = attrs_df.to_dicts() if attr_cols else [{} for _ in range(hit.height)]
-        for row in rows:
+        during = self._during(hit["line"])
+        for row, code in zip(rows, during, strict=True):
             d = {k: v for k, v in row.items() if v is not None}
             d.update(static)
+            if code is not None and "during" not in d:
+                d["during"] = code
             attrs_json.append(json.dumps(d, sort_keys=True))
         for name in ("pid", "step", "path"):
             if name not in df.columns:
@@ -289,14 +346,33 @@ class RuleSet:
                                                                                          strict=True)],
                           dtype=pl.Utf8)
             )
+        df = df.with_columns(pl.col("path").str.strip_chars_end("/.,;:'\")]").alias("path"))
+        if df["step"].is_null().any() and df["path"].is_not_null().any():  # the step a path names by convention
+            df = df.with_columns(pl.Series("step", [s if s is not None else step_from_path(p)
+                                                    for s, p in zip(df["step"], df["path"], strict=True)],
+                                           dtype=pl.Int64))
         df = df.with_columns(
-            pl.col("path").str.strip_chars_end("/.,;:'\"").alias("path"),
             pl.lit(rule.event).alias("kind"),
             pl.lit(rule.id).alias("rule_id"),
             pl.Series("attrs", attrs_json, dtype=pl.Utf8),
         )
         df = df.with_columns(pl.Series("dedup_key", _dedup_keys(df), dtype=pl.Utf8))
         return df.select(["_rid", *EVENT_SCHEMA]).cast({k: v for k, v in EVENT_SCHEMA.items()})  # type: ignore[arg-type]
+
+
+    def _during(self, lines: pl.Series) -> list[str | None]:
+        """Per record: ``save`` / ``load`` when it is a traceback through a frame of that
+        code (the first frame in pack order that matches), else None."""
+        out: list[str | None] = [None] * len(lines)
+        multi = lines.str.contains("\n", literal=True)
+        if not self.frames or not multi.any():
+            return out
+        for f in self.frames:
+            hit = multi & lines.str.contains(f.prefilter, literal=True) & lines.str.contains(f.pattern)
+            for i in hit.arg_true().to_list():
+                if out[i] is None:
+                    out[i] = f.during
+        return out
 
 
 def _format_path(fmt: str, path: str | None, step: int | None) -> str | None:
@@ -392,11 +468,20 @@ def check_rule_files(paths: Iterable[str]) -> tuple[int, list[RuleError]]:
     packaged = packaged_rule_files()
     base: list[Rule] = []
     user: list[Rule] = []
+    frames: list[Frame] = []
     for f in [*packaged, *[p for p in _expand(paths) if os.path.abspath(p) not in {os.path.abspath(q) for q in packaged}]]:
         try:
-            (base if f in packaged else user).extend(load_rule_file(f))
+            rules_of, frames_of = load_pack(f)
         except RuleError as e:
             errors.append(e)
+            continue
+        (base if f in packaged else user).extend(rules_of)
+        for fr in frames_of:
+            try:
+                RuleSet([], [fr])
+                frames.append(fr)
+            except RuleError as e:
+                errors.append(e)
     try:
         rules = merge_overrides(base, user)
     except RuleError as e:
@@ -415,6 +500,6 @@ def check_rule_files(paths: Iterable[str]) -> tuple[int, list[RuleError]]:
             continue
         seen.add(r.id)
         good.append(r)
-    ruleset = RuleSet(good)
+    ruleset = RuleSet(good, frames)
     errors += check_examples(ruleset)
     return len(rules), errors

@@ -1,0 +1,41 @@
+"""How trainers name checkpoints: the step a checkpoint path carries, by convention only.
+
+A number in a path is a step only where a trainer's naming convention puts one, so that a
+run directory such as ``/ckpt/run-17`` or ``/models/gpt-7b`` is never read as step 17 or 7:
+
+==========================  ====================================================  ============================
+convention                  example                                               written by
+==========================  ====================================================  ============================
+``checkpoint-N``            ``out/checkpoint-500``                                HF Trainer (``PREFIX_CHECKPOINT_DIR``)
+``global_stepN``            ``ckpt/global_step20/mp_rank_00_model_states.pt``     DeepSpeed ``save_checkpoint`` tag
+``iter_NNNNNNN``            ``/ckpt/iter_0000040``                                Megatron-LM ``get_checkpoint_name``
+``step=N`` / ``step-N``     ``epoch=0-step=20.ckpt``, ``checkpoint/step-400``     Lightning ``ModelCheckpoint``, NeMo, torchtitan
+``step_N``, ``ckpt_step_N`` ``/ckpt/step_10``, ``ckpt_step_30.pt``                plain loops
+``baN``                     ``ep0-ba100-rank0.pt``                                Composer ``save_filename``
+``checkpoint_N``            ``checkpoint_000010``                                 Ray Train, OpenRLHF
+==========================  ====================================================  ============================
+
+The nearest component to the end of the path that follows a convention gives the step
+(``out/checkpoint-20/pytorch_model_fsdp_0`` -> 20).
+"""
+
+from __future__ import annotations
+
+import re
+
+#: One path component's step, by the conventions in the module docstring.
+STEP_IN_NAME = re.compile(
+    r"(?i)(?:^|[^a-z0-9])(?:checkpoint|ckpt|global_step|iter|iteration|step|steps|ba)[-_=]?0*(\d{1,12})(?!\d)"
+)
+
+
+def step_from_path(path: str | None) -> int | None:
+    """The step a checkpoint ``path`` names by convention (see the module docstring), from
+    its last component that has one; None when no component does."""
+    if not path:
+        return None
+    for part in reversed(re.split(r"[/\\]+", path.strip().rstrip("/\\"))):
+        m = STEP_IN_NAME.search(part)
+        if m:
+            return int(m.group(1))
+    return None
