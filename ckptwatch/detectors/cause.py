@@ -1,21 +1,47 @@
 """Root cause: which failure initiated the others.
 
-One rank's death makes every peer report a collective timeout or error, and torchrun then
-sends SIGTERM to the rest of the group. Attribution, in order:
+One rank's death makes every peer report a collective timeout or error, and the launcher
+then sends SIGTERM to the rest of the group. Attribution, in order:
 
-1. **Hard failures** are initiating: a kernel OOM kill of one of the job's pids
-   (``oom_kill``), a death by signal that torchrun did not send (``signal``; SIGKILL
-   with OOM evidence for the same pid becomes ``oom_kill``), an NVIDIA Xid on a host of
-   the job (``gpu_xid``), a storage error (``storage_error``), a lost node
-   (``node_lost``). The earliest wins; on equal times the order above breaks the tie.
+1. **Hard failures** are initiating. Precedence (the earliest wins; on equal times this
+   order breaks the tie):
+
+   ``oom_kill``
+       the kernel's (or Slurm's, Kubernetes') OOM killer killed one of the job's
+       processes; a SIGKILL death with OOM evidence for the same pid is this class;
+   ``cuda_oom``
+       a rank ran out of GPU memory (``torch.OutOfMemoryError``);
+   ``gpu_xid``
+       an NVIDIA Xid on a host of the job;
+   ``storage_error``
+       ENOSPC, EDQUOT, EIO, NFS, a failed upload, a torch stream writer failure;
+   ``node_lost``
+       a host of the job stopped (rendezvous keep-alive, Slurm node failure);
+   ``signal``
+       the job or a rank was sent a signal from outside (``job_signal``: a scheduler's
+       time limit or preemption, scancel, an eviction, torchrun's "death signal",
+       Lightning's SIGTERM notice; ``sender`` says who when the line does), or a rank died
+       by a signal its launcher did not send (torchrun, a shell's "Killed", srun,
+       mpirun, DeepSpeed's launcher).
+
    A signal a rank died of *after* it had itself reported a collective timeout (the NCCL
-   watchdog aborts with SIGABRT) is a consequence, not a cause.
+   watchdog aborts with SIGABRT) is a consequence, not a cause; so is a death by a signal
+   the launcher sent while tearing the group down (torchrun's "closing signal", srun's
+   "Terminating job step"). A hard failure that names no rank takes the rank of a report of
+   the same class that does (srun's "task 5: Out Of Memory" for the kernel's OOM line), else
+   the one expected rank that never finished the save.
 2. With **collective timeouts only**, the rank the others waited for is the suspect:
    the rank with the lowest collective sequence number when the reports carry one
-   (NCCL's ``SeqNum``), else the expected rank that did *not* report a timeout. Only when
-   every rank timed out alike does the earliest reporter stand in (``note`` says so).
-3. Otherwise the earliest failing exit (exit code > 0) or error, class ``unknown``.
+   (NCCL's ``SeqNum``, "last completed work"), else the expected rank that did *not*
+   report a timeout. Only when every rank timed out alike does the earliest reporter
+   stand in (``note`` says so).
+3. With **collective errors only** (peers report the connection to a rank closed) and a
+   rank that never finished the save and reported nothing: that rank died without a
+   traceback, as a process killed by a signal does: class ``signal``, no signal known.
+4. Otherwise the earliest failing exit (exit code > 0) or error, class ``unknown``.
 
+A rank named by the failure's own rank list (DCP's ``CheckpointException ranks:dict_keys([3])``)
+is preferred over clock order: a few hundred ms of skew between hosts never decides.
 Everything else that failed is **collateral**: downstream reports. torchrun's own
 "Root Cause (first observed failure)" is evidence like any other line: it names the
 first rank *torchrun saw* fail, which after a timeout is often a victim, not the cause.
@@ -30,7 +56,13 @@ from ckptwatch.detectors.events import Ev
 from ckptwatch.detectors.incident import RootCause
 from ckptwatch.detectors.jobstate import JobState
 
-_HARD_ORDER = {"oom_kill": 0, "gpu_xid": 1, "storage_error": 2, "node_lost": 3, "signal": 4}
+_HARD_ORDER = {"oom_kill": 0, "cuda_oom": 1, "gpu_xid": 2, "storage_error": 3, "node_lost": 4, "signal": 5}
+#: how far apart (seconds) two reports of one hard failure may be (a kernel line and srun's report)
+_SAME_FAILURE_S = 300.0
+#: who sent a job-wide signal, in words
+_SENDERS = {"scheduler_time_limit": "the scheduler (time limit)", "scheduler_preemption": "the scheduler (preemption)",
+            "scancel": "scancel (an operator)", "kubelet_eviction": "the kubelet (node pressure eviction)",
+            "external": "a process outside the job (scheduler or operator)"}
 #: Signals torchrun's agent sends when tearing a worker group down.
 AGENT_SIGNALS = {"SIGTERM", "SIGKILL", "SIGINT", "SIGHUP", "SIGQUIT"}
 
@@ -47,20 +79,37 @@ class Attribution:
 
 
 def _root_from(ev: Ev, cls: str, rank: int | None, state: JobState, note: str = "",
-               signal: str | None = None) -> RootCause:
-    pid = ev.pid if ev.pid is not None else (state.rank_pid.get(rank) if rank is not None else None)
+               signal: str | None = None, sender: str | None = None) -> RootCause:
+    pid = ev.pid if ev.pid is not None and ev.kind != "job_signal" else (
+        state.rank_pid.get(rank) if rank is not None else None)
     host = ev.host if ev.source_kind == "log" and ev.host else state.host_of(rank) or ev.host
     return RootCause(cls=cls, rank=rank, host=host, pid=pid, ts=ev.ts, rule_id=ev.rule_id,
-                     line=ev.first_line(), signal=signal, note=note)
+                     line=ev.first_line(), signal=signal, note=note, sender=sender)
 
 
-def attribute(failures: list[Ev], state: JobState, expected: set[int]) -> Attribution | None:
+def _named_ranks(failures: list[Ev]) -> set[int]:
+    """Ranks a failure's own rank list names (DCP's ``CheckpointException ranks:...``)."""
+    out: set[int] = set()
+    for e in failures:
+        v = e.attrs.get("failed_ranks")
+        if isinstance(v, int):
+            out.add(v)
+        elif isinstance(v, str):
+            out |= {int(x) for x in v.replace(",", " ").split() if x.isdigit()}
+    return out
+
+
+def attribute(failures: list[Ev], state: JobState, expected: set[int],
+              unfinished: set[int] | None = None) -> Attribution | None:
     """Attribute ``failures`` (events of FAILURE_KINDS around one save, in time order) to
-    a root cause. ``expected`` are the ranks that should have taken part. Returns None when
-    there is no failure at all."""
+    a root cause. ``expected`` are the ranks that should have taken part, ``unfinished``
+    those of them that never finished the save. Returns None when there is no failure."""
     if not failures:
         return None
+    unfinished = set(unfinished or ()) - {-1}
     agent_pids = {e.pid for e in failures if e.kind == "agent_signal" and e.pid is not None}
+    teardowns = [e.ts for e in failures if e.kind == "agent_signal" and e.pid is None]
+    teardown_at = min(teardowns) if teardowns else None
     reported_timeout: dict[int, Ev] = {}
     for e in failures:
         r = state.rank_of(e)
@@ -69,17 +118,21 @@ def attribute(failures: list[Ev], state: JobState, expected: set[int]) -> Attrib
 
     oom_pids = {e.pid: e for e in failures if e.kind == "oom_kill" and e.pid is not None}
     agent_reported = {e.pid for e in failures if e.kind == "process_exit" and e.attrs.get("reporter") == "agent"}
+    named = _named_ranks(failures)
     hard: list[tuple[dt.datetime, int, Ev, str, int | None, str | None]] = []
     for e in failures:
         rank = state.rank_of(e)
         if e.kind == "oom_kill":
             hard.append((e.ts, _HARD_ORDER["oom_kill"], e, "oom_kill", rank, "SIGKILL"))
-        elif e.kind in ("gpu_xid", "storage_error", "node_lost"):
+        elif e.kind in ("cuda_oom", "gpu_xid", "storage_error", "node_lost"):
             hard.append((e.ts, _HARD_ORDER[e.kind], e, e.kind, rank, None))
-        elif e.kind == "process_exit" and e.signal and (e.exitcode or 0) < 0:
+        elif e.kind == "job_signal":
+            hard.append((e.ts, _HARD_ORDER["signal"], e, "signal", rank, e.signal))
+        elif e.died_of_signal:
             sent_by_agent = e.pid in agent_pids and e.signal in AGENT_SIGNALS
+            torn_down = teardown_at is not None and teardown_at <= e.ts and e.attrs.get("reporter") in ("srun", "launcher")
             own_timeout = rank in reported_timeout and reported_timeout[rank].ts <= e.ts
-            if sent_by_agent or own_timeout:
+            if sent_by_agent or own_timeout or torn_down:
                 continue
             if e.pid in oom_pids:
                 continue  # the kernel's OOM line is the better evidence for this death
@@ -89,24 +142,45 @@ def attribute(failures: list[Ev], state: JobState, expected: set[int]) -> Attrib
 
     root_events: list[Ev]
     if hard:
+        if len(named) == 1:  # the failure's own rank list beats clock order
+            ranked = [h for h in hard if h[4] in named]
+            hard = ranked or hard
         hard.sort(key=lambda h: (h[0], h[1], h[2].source_id, h[2].offset))
         ts, _, ev, cls, rank, sig = hard[0]
-        note = ""
-        if cls == "signal":
-            note = (f"killed by {sig} with no kernel OOM-killer line for pid {ev.pid} in the logs read; "
-                    "the OOM killer is the usual sender of SIGKILL: check the kernel log (dmesg, journalctl -k) "
-                    "of the host, or the scheduler (preemption)") if sig == "SIGKILL" else f"killed by {sig}"
-        elif cls == "oom_kill":
-            note = "the kernel OOM killer killed this rank's process (SIGKILL)"
-        root = _root_from(ev, cls, rank, state, note=note, signal=sig)
+        if rank is None:  # another report of the same failure may name the rank
+            same = [h for h in hard[1:] if h[3] == cls and h[4] is not None
+                    and abs((h[0] - ts).total_seconds()) <= _SAME_FAILURE_S]
+            if same:
+                rank = same[0][4]
+            elif len(unfinished) == 1 and len(expected) > 1:
+                rank = next(iter(unfinished))
+        sender = ev.attrs.get("sender") if cls == "signal" else None
+        note = _hard_note(cls, sig, sender, ev)
+        root = _root_from(ev, cls, rank, state, note=note, signal=sig, sender=sender)
+        if rank is not None and root.pid is None:
+            root.pid = state.rank_pid.get(rank)
         root_events = [ev]
     else:
         timeouts = [e for e in failures if e.kind == "collective_timeout"]
+        errors = [e for e in failures if e.kind == "collective_error"]
+        reporters = {r for e in failures if (r := state.rank_of(e)) is not None}
+        silent = sorted(unfinished - reporters)
         if timeouts:
             root, root_events = _timeout_suspect(timeouts, state, expected)
+        elif errors and silent:
+            rank = silent[0]
+            first = errors[0]
+            note = (f"rank {rank} stopped in the middle of the save without a word, and its peers then lost their "
+                    f"connection to it: a process that dies without a traceback was killed by a signal (SIGKILL, "
+                    f"the OOM killer). The line shown is the first peer's report")
+            root = _root_from(first, "signal", rank, state, note=note)
+            root.pid, root.host = state.rank_pid.get(rank), state.host_of(rank)
+            root_events = []
         else:
             exits = [e for e in failures if e.kind in ("process_exit", "collective_error", "save_error")
                      and not (e.kind == "process_exit" and e.pid in agent_pids)]
+            if len(named) == 1:
+                exits = [e for e in exits if state.rank_of(e) in named] or exits
             first = exits[0] if exits else failures[0]
             rank = state.rank_of(first)
             code = first.exitcode
@@ -118,6 +192,20 @@ def attribute(failures: list[Ev], state: JobState, expected: set[int]) -> Attrib
     collateral = sorted({r for e in collateral_events if (r := state.rank_of(e)) is not None} - {root.rank})
     return Attribution(root=root, collateral=collateral, root_events=root_events,
                        collateral_events=collateral_events)
+
+
+def _hard_note(cls: str, sig: str | None, sender: str | None, ev: Ev) -> str:
+    if cls == "signal" and sender:
+        return f"{sig or 'a signal'} sent by {_SENDERS.get(sender, sender)}"
+    if cls == "signal":
+        return (f"killed by {sig} with no kernel OOM-killer line for pid {ev.pid} in the logs read; "
+                "the OOM killer is the usual sender of SIGKILL: check the kernel log (dmesg, journalctl -k) "
+                "of the host, or the scheduler (preemption)") if sig == "SIGKILL" else f"killed by {sig}"
+    if cls == "oom_kill":
+        return "the OOM killer killed this rank's process (SIGKILL)"
+    if cls == "cuda_oom":
+        return "the rank ran out of GPU memory (torch.OutOfMemoryError)"
+    return ""
 
 
 def _timeout_suspect(timeouts: list[Ev], state: JobState, expected: set[int]) -> tuple[RootCause, list[Ev]]:

@@ -93,6 +93,11 @@ class Ev:
         a = self.attrs
         if a.get("signal"):
             return str(a["signal"])
+        sig = a.get("sig")
+        if isinstance(sig, str) and sig.startswith("SIG"):
+            return sig
+        if isinstance(sig, int):
+            return signal_name(-sig)
         if a.get("sigword") in _SIGWORDS:
             return _SIGWORDS[a["sigword"]]
         if isinstance(a.get("signum"), int):

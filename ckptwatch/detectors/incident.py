@@ -36,8 +36,10 @@ def _parse_ts(value: str | None) -> dt.datetime | None:
 
 @dataclass
 class RootCause:
-    """The initiating failure. ``cls`` is one of oom_kill, signal, collective_timeout, node_lost,
-    storage_error, gpu_xid, unknown. ``ts`` is UTC. ``line`` is the initiating log line (or, when
+    """The initiating failure. ``cls`` is one of oom_kill, cuda_oom, signal, collective_timeout,
+    node_lost, storage_error, gpu_xid, unknown; ``sender`` says who sent a ``signal``
+    (scheduler_time_limit, scheduler_preemption, scancel, kubelet_eviction, external, or None
+    when the logs do not say). ``ts`` is UTC. ``line`` is the initiating log line (or, when
     the culprit rank printed nothing, the first report that points at it); ``note`` explains."""
 
     cls: str
@@ -49,6 +51,7 @@ class RootCause:
     line: str | None = None
     signal: str | None = None
     note: str = ""
+    sender: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

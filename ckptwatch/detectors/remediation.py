@@ -18,7 +18,27 @@ def _cause_advice(root: RootCause | None) -> str:
         return (f"The kernel OOM killer killed {who} (pid {root.pid}){host}: lower host-memory use during "
                 "saves (smaller per-rank state, async/staged save with bounded buffers, fewer dataloader "
                 "workers) or give the job more memory before relaunching.")
+    if root.cls == "cuda_oom":
+        return (f"{who}{host} ran out of GPU memory during the save (torch.OutOfMemoryError). This is not a "
+                "timeout: a longer process-group timeout will not help. Free GPU memory before saving "
+                "(empty the cache, offload or gather the state dict to CPU, e.g. "
+                "StateDictOptions(cpu_offload=True)), save with a smaller per-rank footprint, or set "
+                "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against fragmentation.")
+    if root.cls == "signal" and root.sender in ("scheduler_time_limit", "scheduler_preemption", "scancel",
+                                               "kubelet_eviction", "external"):
+        what = {"scheduler_time_limit": "the job reached its scheduler time limit",
+                "scheduler_preemption": "the scheduler preempted the job",
+                "scancel": "the job was cancelled (scancel)",
+                "kubelet_eviction": "the kubelet evicted the pod (node under memory or disk pressure)",
+                "external": f"a process outside the job sent {root.signal or 'a signal'}"}[root.sender]
+        return (f"The save was cut short because {what}. Save before the deadline (a save on SIGTERM or a "
+                "time-based save interval shorter than the time limit's grace), make saves atomic (write to a "
+                "temporary name, rename when every rank is done), or ask for a longer time limit / grace period.")
     if root.cls == "signal":
+        if root.signal is None:
+            return (f"{who}{host} died in the middle of the save without a traceback, the way a process killed "
+                    "by SIGKILL dies: check the host's kernel log (dmesg -T, journalctl -k) for the OOM killer and "
+                    "the scheduler for preemption before relaunching.")
         if root.signal == "SIGKILL":
             return (f"{who} (pid {root.pid}){host} was killed by SIGKILL. No OOM-killer line was found in the "
                     "logs read; the OOM killer is the usual sender of SIGKILL, so check `dmesg -T` / "

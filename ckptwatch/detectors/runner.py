@@ -137,7 +137,7 @@ class Detector:
             wm = wms[job] = self._job_watermark(state, lateness, now, final=final)
             events = state.events_sorted()
             saves = saves_of(state, events)
-            windows = saver_windows(state.losses, saves, self.config.regression.k)
+            windows = saver_windows(state.losses, {s.step for s in saves.values()}, self.config.regression.k)
             for s in saves.values():
                 fact = SaveFact(job, s.step, s.path, s.complete, s.first_ts, state.world_size, windows[s.step],
                                 tuple(s.missing))

@@ -46,19 +46,18 @@ def _last_good(saves: dict[int, SaveState], complete_steps: list[int], step: int
     i = bisect.bisect_left(complete_steps, step)
     if i == 0:
         return None
-    best = saves[complete_steps[i - 1]]
+    best = next(s for s in saves.values() if s.step == complete_steps[i - 1] and s.complete)
     return {"step": best.step, "path": best.path}
 
 
 def _next_start(saves: dict[int, SaveState]) -> dict[int, dt.datetime | None]:
-    """step -> the earliest first_ts of any later save (None if there is none)."""
+    """key -> the earliest first_ts of a save of a higher step, or of the same step's next
+    attempt (None if there is none)."""
     out: dict[int, dt.datetime | None] = {}
-    earliest: dt.datetime | None = None
-    for step in sorted(saves, reverse=True):
-        out[step] = earliest
-        ts = saves[step].first_ts
-        if ts is not None and (earliest is None or ts < earliest):
-            earliest = ts
+    for key, s in saves.items():
+        later = [x.first_ts for x in saves.values() if x.first_ts is not None and s.first_ts is not None
+                 and (x.step > s.step or (x.step == s.step and x.first_ts > s.first_ts))]
+        out[key] = min(later, default=None)
     return out
 
 
@@ -80,10 +79,11 @@ def evaluate(
     saves = saves if saves is not None else saves_of(state, events)
     job_failures = [e for e in events if e.kind in FAILURE_KINDS]
     out: list[Incident] = []
-    complete_steps = sorted(step for step, s in saves.items() if s.complete)
+    complete_steps = sorted({s.step for s in saves.values() if s.complete})
     next_start = _next_start(saves)
-    for step in sorted(saves):
-        s = saves[step]
+    for key in sorted(saves, key=lambda k: (saves[k].step, saves[k].first_ts or dt.datetime.min.replace(tzinfo=dt.timezone.utc))):
+        s = saves[key]
+        step = s.step
         if s.complete or s.first_ts is None:
             continue
         n_before = len(out)
@@ -93,7 +93,7 @@ def evaluate(
             key=lambda e: (e.ts, e.source_id, e.offset),
         )
         # failures that belong to a later save's window are that save's business
-        later = next_start[step]
+        later = next_start[key]
         if later is not None:
             failures = [e for e in failures if e.ts < later]
         save_items = [(e, "save") for e in (*s.started.values(), *s.finished.values(), *s.failed.values())]
@@ -104,7 +104,7 @@ def evaluate(
             settled = final or watermark >= failures[-1].ts + settle or any(e.kind == "job_failed" for e in failures)
             if not settled:
                 continue
-            att = attribute(deaths or failures, state, s.expected)
+            att = attribute(deaths or failures, state, s.expected, set(s.missing))
             assert att is not None
             kind = "storage_failure_during_save" if att.root.cls == "storage_error" else "interrupted_save"
             items = save_items + [(e, "root_cause") for e in att.root_events] + [

@@ -87,13 +87,18 @@ def _key(ev: Ev) -> tuple:
 
 def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
     """All saves of a job by step, with expected ranks and implicit ends filled in.
-    ``events``: the job's events in time order (metrics come from ``state.progress``)."""
+    ``events``: the job's events in time order (metrics come from ``state.progress``).
+    A step saved again after the job failed or resumed (a restarted process writing the
+    same step) is a new attempt: the earlier, unfinished one is kept under a negative key
+    (its ``step`` is the step)."""
     saves: dict[int, SaveState] = {}
     progress: dict[int, _Progress] = {}  # rank -> its progress lines, in time order
     failures: list[dt.datetime] = []  # job failures, in time order
     ends: list[Ev] = []  # the trainer said training finished
     last_step: dict[int, int] = {}  # rank -> its last logged step, as of the event at hand
     open_save: dict[int, int] = {}  # rank -> the step of its latest started save not ended
+    restarts: list[dt.datetime] = []  # failures, loads and resumes: after one, a save of the same step is a new attempt
+    abandoned: list[SaveState] = []  # earlier attempts of a step saved again after a restart
     timeline = sorted([*events, *state.progress], key=_key)
     for ev in timeline:
         if ev.kind == "metric" or (ev.kind == "save_start" and ev.step is not None):
@@ -109,6 +114,8 @@ def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
         during_save = ev.attrs.get("during") == "save" and ev.kind in FAILURE_KINDS
         if ev.kind in FAILURE_KINDS and ev.kind != "save_error":
             failures.append(ev.ts)
+        if ev.kind in FAILURE_KINDS or ev.kind in ("resume", "load_start"):
+            restarts.append(ev.ts)
         if ev.kind not in _SAVE_KINDS and not during_save:
             continue
         rank = state.main_rank_of(ev)
@@ -121,6 +128,11 @@ def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
         if step is None:
             continue
         s = saves.setdefault(step, SaveState(step=step))
+        if ev.kind == "save_start" and rank in s.started and rank not in s.finished and rank not in s.failed:
+            since = s.started[rank].ts
+            if any(since < t < ev.ts for t in restarts):  # the job died and runs again: a new attempt
+                abandoned.append(s)
+                s = saves[step] = SaveState(step=step)
         s.path = _better_path(s.path, ev.path if ev.kind in _SAVE_KINDS else None)
         if ev.kind == "save_start" or (during_save and rank not in s.started):
             s.started.setdefault(rank, ev)
@@ -134,6 +146,8 @@ def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
                 del open_save[rank]
         elif ev.kind == "save_error" or during_save:
             s.failed.setdefault(rank, ev)
+    for i, old in enumerate(abandoned):
+        saves[-(i + 1)] = old  # keyed apart; SaveState.step is the step
     multi_rank = any(len(set(s.started) | set(s.finished)) > 1 for s in saves.values())
     seen_ranks = set().union(*(set(x.started) | set(x.finished) for x in saves.values())) if saves else set()
     for s in saves.values():

@@ -86,6 +86,7 @@ class Rule:
     no_match_examples: tuple[str, ...] = ()
     disable: bool = False  # a user's rule that removes the packaged rule of the same id
     source: str = ""  # the framework file and function the wording was read from
+    during: str | None = None  # only records that are tracebacks through this code (save / load)
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,7 @@ def _parse_rule(raw: Any, file: str, index: int) -> Rule:
         if not isinstance(raw.get(key), str) or not raw[key]:
             raise RuleError(file, rid, f"missing or empty '{key}' (a string)")
     unknown = set(raw) - {"id", "event", "pattern", "prefilter", "sources", "attrs", "path_format", "examples",
-                          "description", "source"}
+                          "description", "source", "during"}
     if unknown:
         raise RuleError(file, rid, f"unknown field(s) {sorted(unknown)}")
     if raw["event"] not in EVENT_KINDS:
@@ -133,6 +134,8 @@ def _parse_rule(raw: Any, file: str, index: int) -> Rule:
     attrs = raw.get("attrs") or {}
     if not isinstance(attrs, dict) or not all(isinstance(v, str | int | float | bool) for v in attrs.values()):
         raise RuleError(file, rid, "'attrs' must be a mapping of names to strings, numbers or booleans")
+    if raw.get("during") not in (None, "save", "load"):
+        raise RuleError(file, rid, "'during' must be save or load (the rule then matches only tracebacks through that code)")
     if not isinstance(raw.get("source", ""), str):
         raise RuleError(file, rid, "'source' must be a string (the framework file and function the line comes from)")
     ex = raw.get("examples") or {}
@@ -155,6 +158,7 @@ def _parse_rule(raw: Any, file: str, index: int) -> Rule:
         id=rid, event=raw["event"], pattern=raw["pattern"], prefilter=raw["prefilter"], file=file,
         sources=tuple(sources), attrs=attrs, path_format=raw.get("path_format"),
         match_examples=tuple(matches), no_match_examples=tuple(no_matches), source=raw.get("source", ""),
+        during=raw.get("during"),
     )
 
 
@@ -299,6 +303,8 @@ class RuleSet:
             if cand.is_empty():
                 continue
             hit = cand.filter(pl.col("line").str.contains(rule.pattern))
+            if rule.during and not hit.is_empty():
+                hit = hit.filter(pl.Series([d == rule.during for d in self._during(hit["line"])], dtype=pl.Boolean))
             if hit.is_empty():
                 continue
             pool = pool.filter(~pl.col("_rid").is_in(hit["_rid"].implode()))
