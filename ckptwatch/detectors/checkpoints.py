@@ -115,11 +115,32 @@ class CheckpointRegistry:
         self.verified[key] = path
         return True
 
+    def resolve(self, key: CheckpointKey) -> CheckpointKey:
+        """``key`` as the registry knows it: a relative root (``ckpt`` in "Restoring states from
+        the checkpoint path at ckpt/epoch=0-step=20.ckpt") is the one absolute root of a known
+        checkpoint of the same step that ends with it; a load with no step (torchtune's
+        epoch folders) is the newest known save of that root. Unchanged otherwise."""
+        root, step = key
+        if root is None or key in self.saves or key in self.bad:
+            return key
+        known = set(self.saves) | set(self.bad)
+        if step is None:
+            same_root = [k for k in known if k[0] == root and k[1] is not None]
+            if same_root:
+                return max(same_root, key=lambda k: (self.saves[k].first_ts if k in self.saves and self.saves[k].first_ts
+                                                     else dt.datetime.min.replace(tzinfo=dt.timezone.utc)))
+            return key
+        if os.path.isabs(root) or "://" in root:
+            return key
+        tail = "/" + os.path.normpath(root).lstrip("./")
+        hits = {k for k in known if k[1] == step and k[0] and (k[0].endswith(tail) or k[0] == tail.lstrip("/"))}
+        return hits.pop() if len(hits) == 1 else key
+
     def last_good(self, key: CheckpointKey, at: dt.datetime) -> dict | None:
         """``{"step", "path"}`` of the newest checkpoint under the same root as ``key``, at an
         earlier step, not marked bad, and either saved completely (begun before ``at``, UTC)
         or verified ok; else None."""
-        root, step = key
+        root, step = self.resolve(key)
         good: dict[int, str | None] = {s: p for (r, s), p in self.verified.items() if r == root and s is not None}
         for (r, s), fact in self.saves.items():
             if r == root and s is not None and fact.complete and fact.first_ts is not None and fact.first_ts < at:
@@ -134,6 +155,7 @@ class CheckpointRegistry:
         """(the incident that marked ``key`` not-good, the save seen for it), either None, as
         of ``at`` (UTC, the load's time). A checkpoint written again completely, after it was
         marked bad and before ``at``, is good again."""
+        key = self.resolve(key)
         save = self.saves.get(key)
         bad = self.bad.get(key)
         if bad is not None and save is not None and save.complete and save.job != bad.job and save.first_ts:

@@ -48,6 +48,7 @@ class SaveState:
     implicit: dict[int, Ev] = field(default_factory=dict)
     failed: dict[int, Ev] = field(default_factory=dict)
     expected: set[int] = field(default_factory=set)
+    logged: set[int] = field(default_factory=set)  # ranks that printed a start or end line of it
 
     @property
     def done_ranks(self) -> set[int]:
@@ -134,6 +135,8 @@ def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
                 abandoned.append(s)
                 s = saves[step] = SaveState(step=step)
         s.path = _better_path(s.path, ev.path if ev.kind in _SAVE_KINDS else None)
+        if ev.kind in ("save_start", "save_end"):
+            s.logged.add(rank)
         if ev.kind == "save_start" or (during_save and rank not in s.started):
             s.started.setdefault(rank, ev)
             s.first_ts = ev.ts if s.first_ts is None or ev.ts < s.first_ts else s.first_ts
@@ -148,8 +151,9 @@ def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
             s.failed.setdefault(rank, ev)
     for i, old in enumerate(abandoned):
         saves[-(i + 1)] = old  # keyed apart; SaveState.step is the step
-    multi_rank = any(len(set(s.started) | set(s.finished)) > 1 for s in saves.values())
-    seen_ranks = set().union(*(set(x.started) | set(x.finished) for x in saves.values())) if saves else set()
+    # ranks that print save lines (not those only known from an error in save code)
+    multi_rank = any(len(s.logged) > 1 for s in saves.values())
+    seen_ranks = set().union(*(x.logged for x in saves.values())) if saves else set()
     for s in saves.values():
         logged = set(s.started) | set(s.finished) | set(s.failed)
         if multi_rank and state.world_size:

@@ -401,11 +401,15 @@ def _dedup_keys(df: pl.DataFrame) -> list[str]:
     """The same worker line read twice (console with ``--tee`` and the per-rank file) gets
     the same key: job, local rank (else rank), the record text and, when the record has
     its own time, that time. Records without their own time (tracebacks) key on text alone,
-    because the line before them differs between the two files."""
+    because the line before them differs between the two files; but in a file with no
+    time at all (its mtime stands in) the file is part of the key."""
     keys = []
-    for job, lr, rank, line, ts, src in df.select("job", "local_rank", "rank", "line", "ts", "ts_source").iter_rows():
+    cols = df.select("job", "local_rank", "rank", "line", "ts", "ts_source", "source_id").iter_rows()
+    for job, lr, rank, line, ts, src, sid in cols:
         who = f"l{lr}" if lr is not None else (f"r{rank}" if rank is not None else "-")
-        when = ts.isoformat() if src == "line" and ts is not None else ""
+        # a file with no time at all (print() logs): the same line in two such files is two events
+        # (a restarted run printing its save line again), not one seen twice
+        when = ts.isoformat() if src == "line" and ts is not None else (f"@{sid}" if src == "mtime" else "")
         keys.append(hashlib.sha256(f"{job}\x1f{who}\x1f{when}\x1f{line}".encode()).hexdigest()[:20])
     return keys
 
