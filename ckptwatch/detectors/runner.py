@@ -84,7 +84,7 @@ class Detector:
                     self.stats.duplicates += 1
                 self.host_events[ev.dedup_key] = ev
                 self._dirty.update(self.jobs)
-                if ev.job is None or ev.attrs.get("scope") == "host":
+                if ev.attrs.get("scope") == "host":
                     continue
                 # a rank-less storage error or OOM report in a job's own files is that job's too
             job = ev.job or UNKNOWN_JOB

@@ -24,7 +24,8 @@ no look-around, no back-references). A record is a line or a multiline group joi
 ``\\n``; use ``(?m)`` for per-line anchors and ``(?s)`` to let ``.`` cross lines.
 
 Named groups ``job``, ``host``, ``rank``, ``local_rank``, ``pid``, ``step``, ``path`` and
-``ts`` fill the event columns of the same name (a captured ``ts`` replaces a record time
+``ts`` fill the event columns of the same name (``path__2``, ``rank__2`` ...: alternatives
+for the same column, for patterns with two places a value can be, the first that matched wins) (a captured ``ts`` replaces a record time
 unless the record starts with a time of its own: it beats one inherited from an earlier line); every other group goes into ``attrs`` (as an integer or float
 when every captured value is one).
 
@@ -317,9 +318,10 @@ class RuleSet:
         groups = hit.select(pl.col("line").str.extract_groups(rule.pattern).alias("g")).unnest("g")
         df = hit
         for name, dtype in _COLUMN_GROUPS.items():
-            if name not in groups.columns:
+            alts = [c for c in groups.columns if c == name or (c.startswith(name + "__") and c[len(name) + 2:].isdigit())]
+            if not alts:
                 continue
-            captured = groups[name].str.strip_chars().cast(dtype, strict=False)
+            captured = groups.select(pl.coalesce(alts)).to_series().str.strip_chars().cast(dtype, strict=False)
             if name in df.columns:  # a value in the line beats a label from path or prefix
                 df = df.with_columns(pl.coalesce(captured, pl.col(name)).alias(name))
             else:
@@ -331,7 +333,7 @@ class RuleSet:
                 pl.when(own | captured_ts.is_null()).then(pl.col("ts")).otherwise(captured_ts).alias("ts"),
                 pl.when(own | captured_ts.is_null()).then(pl.col("ts_source")).otherwise(pl.lit("rule")).alias("ts_source"),
             )
-        attr_cols = [c for c in groups.columns if c not in _COLUMN_GROUPS and c != "ts"]
+        attr_cols = [c for c in groups.columns if c.split("__")[0] not in _COLUMN_GROUPS and c != "ts"]
         attrs_df = pl.DataFrame([_cast_attr(groups[c]) for c in attr_cols]) if attr_cols else pl.DataFrame()
         static = rule.attrs
         attrs_json = []
