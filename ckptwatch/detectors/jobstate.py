@@ -64,7 +64,17 @@ class JobState:
                 self.last_metric_step[rank] = ev.step
                 self.last_metric_ev[rank] = ev
             return True
-        if ev.dedup_key in self.events:
+        known = self.events.get(ev.dedup_key)
+        if known is not None:
+            if known.rank is not None and ev.rank is not None and known.rank != ev.rank:
+                # the same local rank, text and second on two hosts: two workers, not one line seen twice
+                key = f"{ev.dedup_key}/r{ev.rank}"
+                if key in self.events:
+                    return False
+                self.events[key] = ev
+                return True
+            if known.rank is None and ev.rank is not None:
+                self.events[ev.dedup_key] = ev  # the better-labelled copy of the same line
             return False
         self.events[ev.dedup_key] = ev
         if ev.kind in LOADING_KINDS:

@@ -406,8 +406,8 @@ def _dedup_keys(df: pl.DataFrame) -> list[str]:
     because the line before them differs between the two files; but in a file with no
     time at all (its mtime stands in) the file is part of the key."""
     keys = []
-    cols = df.select("job", "local_rank", "rank", "line", "ts", "ts_source", "source_id").iter_rows()
-    for job, lr, rank, line, ts, src, sid in cols:
+    cols = df.select("job", "host", "local_rank", "rank", "line", "ts", "ts_source", "source_id").iter_rows()
+    for job, host, lr, rank, line, ts, src, sid in cols:
         who = f"l{lr}" if lr is not None else (f"r{rank}" if rank is not None else "-")
         # a file with no time at all (print() logs): the same line in two such files is two events
         # (a restarted run printing its save line again), not one seen twice
