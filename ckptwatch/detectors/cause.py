@@ -221,7 +221,8 @@ def _timeout_suspect(timeouts: list[Ev], state: JobState, expected: set[int]) ->
         note = (f"rank {rank} is behind in the collective sequence (SeqNum {seqs[rank]} vs up to "
                 f"{max(seqs.values())} on other ranks): the others were waiting for it")
         return _root_from(by_rank[rank], "collective_timeout", rank, state, note=note), [by_rank[rank]]
-    silent = sorted(expected - set(by_rank) - {-1})
+    every = set(expected) | (set(range(state.world_size)) if state.world_size else set())
+    silent = sorted(every - set(by_rank) - {-1})
     if silent and by_rank:
         rank = silent[0]
         reporters = ", ".join(str(r) for r in sorted(by_rank))

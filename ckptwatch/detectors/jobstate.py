@@ -49,6 +49,8 @@ class JobState:
     _progress_seen: set[str] = field(default_factory=set)
     #: highest rank / local rank any event of the job carried (-1: none): 0 means one process
     max_rank: int = -1
+    #: a line of a node other than the first carried no host: unlabelled local ranks map to nothing
+    unlabelled_nodes: bool = False
 
     def add(self, ev: Ev, *, ts_limit: dt.datetime | None = None) -> bool:
         """Record ``ev``; False if it was already known (same dedup key). An event time past
@@ -129,7 +131,12 @@ class JobState:
             if ev.host:
                 self.rank_host.setdefault(ev.rank, ev.host)
             if ev.local_rank is not None:
-                self.local_to_rank[(ev.host, ev.local_rank)] = ev.rank
+                if ev.host is None and ev.rank != ev.local_rank:
+                    # a node other than the first, with no host label: its local ranks say
+                    # nothing of another unlabelled node's
+                    self.unlabelled_nodes = True
+                else:
+                    self.local_to_rank[(ev.host, ev.local_rank)] = ev.rank
 
     @property
     def single_process(self) -> bool:
@@ -151,11 +158,13 @@ class JobState:
         if ev.pid is not None and ev.pid in self.pid_rank:
             return self.pid_rank[ev.pid]
         if ev.local_rank is not None:
-            for key in ((ev.host, ev.local_rank), (None, ev.local_rank)):
+            keys = ((ev.host, ev.local_rank), (None, ev.local_rank)) if not self.unlabelled_nodes else (
+                ((ev.host, ev.local_rank),) if ev.host is not None else ())
+            for key in keys:
                 if key in self.local_to_rank:
                     return self.local_to_rank[key]
             hosts = set(self.rank_host.values())
-            if len(hosts) <= 1:
+            if len(hosts) <= 1 and not self.unlabelled_nodes:
                 return ev.local_rank
         if self.single_process and ev.kind not in ("oom_kill", "gpu_xid", "node_lost") and (
                 ev.pid is None or ev.pid in self.pid_rank or not self.pid_rank):

@@ -19,9 +19,11 @@ A rank's part of the save of step N is
   rank's open save, else the rank's last logged step.
 
 Rank-less save and progress lines are the main process's (rank 0): trainers print them from
-rank 0 only. The ranks expected to take part: every rank of the world size when the job
-logs saves on several ranks (as DCP trainers do); only the ranks that logged when the job
-logs saves from one rank only (as HF Trainer does from the main process).
+rank 0 only. The ranks expected to take part: when the job logs saves on several ranks (as
+DCP trainers do), every rank that printed a save line in any of the job's saves; when it
+logs saves from one rank only (as HF Trainer does from the main process), that rank. A rank
+whose save lines are not in the logs read (a console filtered to some local ranks, files of
+a node without a host label) is not expected to say anything.
 """
 
 from __future__ import annotations
@@ -98,7 +100,7 @@ def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
     ends: list[Ev] = []  # the trainer said training finished
     last_step: dict[int, int] = {}  # rank -> its last logged step, as of the event at hand
     open_save: dict[int, int] = {}  # rank -> the step of its latest started save not ended
-    restarts: list[dt.datetime] = []  # failures, loads and resumes: after one, a save of the same step is a new attempt
+    restarts: list[dt.datetime] = []  # deaths, loads and resumes: after one, a save of the same step is a new attempt
     abandoned: list[SaveState] = []  # earlier attempts of a step saved again after a restart
     timeline = sorted([*events, *state.progress], key=_key)
     for ev in timeline:
@@ -115,8 +117,8 @@ def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
         during_save = ev.attrs.get("during") == "save" and ev.kind in FAILURE_KINDS
         if ev.kind in FAILURE_KINDS and ev.kind != "save_error":
             failures.append(ev.ts)
-        if ev.kind in FAILURE_KINDS or ev.kind in ("resume", "load_start"):
-            restarts.append(ev.ts)
+        if ev.kind in ("job_failed", "process_exit", "oom_kill", "job_signal", "resume", "load_start"):
+            restarts.append(ev.ts)  # processes died, or a new run loaded a checkpoint
         if ev.kind not in _SAVE_KINDS and not during_save:
             continue
         rank = state.main_rank_of(ev)
@@ -157,7 +159,7 @@ def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
     for s in saves.values():
         logged = set(s.started) | set(s.finished) | set(s.failed)
         if multi_rank and state.world_size:
-            s.expected = set(range(state.world_size))
+            s.expected = set(range(state.world_size)) & (seen_ranks | logged)
         elif multi_rank:
             s.expected = set(seen_ranks) or logged
         else:
