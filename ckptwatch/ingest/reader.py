@@ -14,6 +14,8 @@
 
 from __future__ import annotations
 
+import json
+
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import BinaryIO
@@ -47,6 +49,27 @@ def _decode(raw: bytes, res: ReadResult) -> str:
     except UnicodeDecodeError:
         res.invalid_utf8 += 1
         return raw.decode("utf-8", errors="replace")
+
+
+_JSON_TEXT_KEYS = ("log", "message", "msg")
+
+
+def _split_json_cr(raw: bytes, start: int, res: ReadResult) -> bool:
+    """A JSON log line (a container runtime's ``{"log": "...", "stream", "time"}``) whose text
+    holds progress-bar redraws (``\\r``): one JSON line per non-blank part, same other
+    fields, each at its own offset (the line's start plus the part's index). False when the
+    line is not such a line (it is then read as it is)."""
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return False
+    key = next((k for k in _JSON_TEXT_KEYS if isinstance(doc, dict) and isinstance(doc.get(k), str)), None)
+    if key is None or "\r" not in doc[key].rstrip("\r\n"):
+        return False
+    for i, part in enumerate(doc[key].split("\r")):
+        if part.strip():
+            res.lines.append((start + i, json.dumps({**doc, key: part}, ensure_ascii=False)))
+    return True
 
 
 def _split_cr(raw: bytes, start: int, res: ReadResult) -> None:
@@ -118,6 +141,8 @@ def read_lines(
                 res.skipped.append(("line_too_long", offset + pos, len(raw)))
             elif b"\r" in raw.rstrip(b"\r"):
                 _split_cr(raw, offset + pos, res)
+            elif raw[:1] == b"{" and b"\\r" in raw and _split_json_cr(raw, offset + pos, res):
+                pass
             else:
                 res.lines.append((offset + pos, _decode(raw, res)))
             pos = nl + 1
