@@ -12,8 +12,10 @@ convention                  example                                             
 ``step=N`` / ``step-N``     ``epoch=0-step=20.ckpt``, ``checkpoint/step-400``     Lightning ``ModelCheckpoint``, NeMo, torchtitan
 ``step_N``, ``ckpt_step_N`` ``/ckpt/step_10``, ``ckpt_step_30.pt``                plain loops
 ``baN``                     ``ep0-ba100-rank0.pt``                                Composer ``save_filename``
-``checkpoint_N``            ``checkpoint_000010``                                 Ray Train, OpenRLHF
 ==========================  ====================================================  ============================
+
+Ray Train v1's ``checkpoint_000003`` (six zero-padded digits after an underscore) counts
+reports, not steps (ray/train/_internal/storage.py ``_get_checkpoint_dir_name``): it names no step.
 
 The nearest component to the end of the path that follows a convention gives the step
 (``out/checkpoint-20/pytorch_model_fsdp_0`` -> 20).
@@ -29,12 +31,17 @@ STEP_IN_NAME = re.compile(
 )
 
 
+_RAY_INDEX = re.compile(r"checkpoint_\d{6}")
+
+
 def step_from_path(path: str | None) -> int | None:
     """The step a checkpoint ``path`` names by convention (see the module docstring), from
     its last component that has one; None when no component does."""
     if not path:
         return None
     for part in reversed(re.split(r"[/\\]+", path.strip().rstrip("/\\"))):
+        if _RAY_INDEX.fullmatch(part):
+            continue
         m = STEP_IN_NAME.search(part)
         if m:
             return int(m.group(1))

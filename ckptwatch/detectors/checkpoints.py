@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass, field
 
 from ckptwatch.detectors.incident import Incident
-from ckptwatch.naming import STEP_IN_NAME
+from ckptwatch.naming import step_from_path
 
 #: A checkpoint's identity: (directory holding the per-step checkpoints, step). Either may be None.
 CheckpointKey = tuple[str | None, int | None]
@@ -35,8 +35,7 @@ def checkpoint_key(path: str | None, step: int | None) -> CheckpointKey:
     if not path:
         return (None, step)
     p = os.path.normpath(path.rstrip("/"))
-    m = STEP_IN_NAME.search(os.path.basename(p))
-    named = int(m.group(1)) if m else None
+    named = step_from_path(os.path.basename(p))
     if step is None:
         step = named
     if step is not None and step == named:

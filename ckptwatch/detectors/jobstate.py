@@ -166,7 +166,8 @@ class JobState:
             hosts = set(self.rank_host.values())
             if len(hosts) <= 1 and not self.unlabelled_nodes:
                 return ev.local_rank
-        if self.single_process and ev.kind not in ("oom_kill", "gpu_xid", "node_lost") and (
+        # one process: its lines are rank 0's (a kernel line only when it names that process's pid)
+        if self.single_process and (ev.attrs.get("scope") != "host" or ev.pid in self.pid_rank) and (
                 ev.pid is None or ev.pid in self.pid_rank or not self.pid_rank):
             return 0
         return None

@@ -293,13 +293,17 @@ def split_prefixes(df: pl.DataFrame, text_col: str = "line", *, layout: PrefixLa
 
 INLINE_RANK_RE = (
     r"(?:\[rank(?P<a>\d+)(?:/\d+)?\]|\[rank: (?P<b>\d+)\]|\[Rank (?P<c>\d+)\]"
-    r"|(?:^|[\s,;(\[{|])(?:global_)?rank[=:] ?(?P<d>\d+)\b)"
+    r"|(?:^|[\s,;(\[{|])(?:global_)?rank[=:] ?(?P<d>\d+)\b"
+    r"|: rank(?P<e>\d+)\[\d+\]\[)"  # llm-foundry / Composer scripts: '%(asctime)s: rank0[pid][thread]: ...'
 )
 
 
 def inline_rank(text: pl.Expr) -> pl.Expr:
     """Rank named by a logger format inside the first 96 characters: ``[rank2]``,
     ``[rank1/4]``, Lightning's ``[rank: 0]`` (``rank_prefixed_message``), DeepSpeed's
-    ``log_dist`` and NCCL's ``[Rank 1]``, ``rank=3`` / ``global_rank=3`` / ``rank: 3``."""
+    ``log_dist`` and NCCL's ``[Rank 1]``, ``rank=3`` / ``global_rank=3`` / ``rank: 3``, and
+    llm-foundry's ``2026-11-30 10:00:00,123: rank1[5151][MainThread]: INFO: ...`` (the format
+    of mosaicml/llm-foundry scripts/train.py, used with Composer)."""
     g = text.str.slice(0, 96).str.extract_groups(INLINE_RANK_RE).struct
-    return pl.coalesce(g.field("a"), g.field("b"), g.field("c"), g.field("d")).cast(pl.Int32, strict=False)
+    return pl.coalesce(g.field("a"), g.field("b"), g.field("c"), g.field("d"), g.field("e")).cast(pl.Int32,
+                                                                                                  strict=False)
