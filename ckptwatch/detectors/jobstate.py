@@ -51,6 +51,8 @@ class JobState:
     max_rank: int = -1
     #: a line of a node other than the first carried no host: unlabelled local ranks map to nothing
     unlabelled_nodes: bool = False
+    #: save lines read in several files (console and rank file): dedup key -> {source_id: offset}
+    copies: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def add(self, ev: Ev, *, ts_limit: dt.datetime | None = None) -> bool:
         """Record ``ev``; False if it was already known (same dedup key). An event time past
@@ -67,6 +69,9 @@ class JobState:
                 self.last_metric_ev[rank] = ev
             return True
         known = self.events.get(ev.dedup_key)
+        if known is not None and ev.kind in ("save_start", "save_end"):
+            # where else the line was read: undated copies are ordered within their own file only
+            self.copies.setdefault(ev.dedup_key, {known.source_id: known.offset}).setdefault(ev.source_id, ev.offset)
         if known is not None:
             if known.rank is not None and ev.rank is not None and known.rank != ev.rank:
                 # the same local rank, text and second on two hosts: two workers, not one line seen twice

@@ -88,6 +88,15 @@ def _key(ev: Ev) -> tuple:
     return (ev.ts, ev.source_id, ev.offset)
 
 
+def _before(a: Ev, b: Ev) -> bool:
+    """``a`` came before ``b``: by time, and for lines that share a time (undated lines
+    inherit one) by their order in one file; in two files such lines are not ordered, so
+    ``a`` is not held to be after ``b``."""
+    if a.ts != b.ts:
+        return a.ts < b.ts
+    return a.offset < b.offset if a.source_id == b.source_id else True
+
+
 def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
     """All saves of a job by step, with expected ranks and implicit ends filled in.
     ``events``: the job's events in time order (metrics come from ``state.progress``).
@@ -96,7 +105,7 @@ def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
     (its ``step`` is the step)."""
     saves: dict[int, SaveState] = {}
     progress: dict[int, _Progress] = {}  # rank -> its progress lines, in time order
-    failures: list[dt.datetime] = []  # job failures, in time order
+    failures: list[Ev] = []  # job failures, in time order
     ends: list[Ev] = []  # the trainer said training finished
     last_step: dict[int, int] = {}  # rank -> its last logged step, as of the event at hand
     open_save: dict[int, int] = {}  # rank -> the step of its latest started save not ended
@@ -116,7 +125,7 @@ def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
             ends.append(ev)
         during_save = ev.attrs.get("during") == "save" and ev.kind in FAILURE_KINDS
         if ev.kind in FAILURE_KINDS and ev.kind != "save_error":
-            failures.append(ev.ts)
+            failures.append(ev)
         if ev.kind in ("job_failed", "process_exit", "oom_kill", "job_signal", "resume", "load_start"):
             restarts.append(ev.ts)  # processes died, or a new run loaded a checkpoint
         if ev.kind not in _SAVE_KINDS and not during_save:
@@ -166,18 +175,18 @@ def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
             s.expected = logged
         if s.first_ts is None:
             continue
-        i = bisect.bisect_left(failures, s.first_ts)
-        failed_at = failures[i] if i < len(failures) else None
+        failed_at = next((f for f in failures if f.ts >= s.first_ts), None)
         ended = next((e for e in ends if e.ts >= s.first_ts), None)
         is_async = any(e.attrs.get("async") for e in s.started.values())
         for rank in s.expected - set(s.finished):
-            since = s.started[rank].ts if rank in s.started else s.first_ts
+            start_ev = s.started.get(rank)
             went_on = None
             if not is_async and rank in progress:
-                went_on = progress[rank].first_after(since, s.step)
+                where = state.copies.get(start_ev.dedup_key, {}) if start_ev is not None else {}
+                went_on = progress[rank].first_after(start_ev, s.first_ts, s.step, where)
             if went_on is None or (ended is not None and ended.ts < went_on.ts):
                 went_on = ended
-            if went_on is not None and (failed_at is None or went_on.ts < failed_at):
+            if went_on is not None and (failed_at is None or _before(went_on, failed_at)):
                 s.implicit[rank] = went_on
         # a later save of the same rank that started before any failure also ends this one
         if not is_async:
@@ -185,7 +194,7 @@ def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
                 later = [x.started[rank] for x in saves.values() if x.step > s.step and rank in x.started
                          and x.started[rank].ts >= s.first_ts]
                 nxt = min(later, key=_key, default=None)
-                if nxt is not None and (failed_at is None or nxt.ts < failed_at):
+                if nxt is not None and (failed_at is None or _before(nxt, failed_at)):
                     s.implicit[rank] = nxt
     return saves
 
@@ -196,16 +205,26 @@ class _Progress:
     binary search."""
 
     events: list[Ev] = field(default_factory=list)
-    times: list[dt.datetime] = field(default_factory=list)
+    keys: list[tuple] = field(default_factory=list)
 
     def add(self, ev: Ev) -> None:
         self.events.append(ev)
-        self.times.append(ev.ts)
+        self.keys.append(_key(ev))
 
-    def first_after(self, since: dt.datetime, step: int) -> Ev | None:
-        """The earliest progress line after ``since`` (UTC) with a step above ``step`` or
-        none at all (None if there is none)."""
-        for ev in self.events[bisect.bisect_right(self.times, since):]:
+    def first_after(self, start: Ev | None, first_ts: dt.datetime, step: int,
+                    copies: dict[str, int]) -> Ev | None:
+        """The earliest progress line after the save line ``start`` (else after ``first_ts``,
+        UTC) with a step above ``step`` or none at all (None if there is none). Lines that
+        share the start's time (undated lines inherit one) are after it only in a file where
+        they come after it (``copies``: source_id -> offset of the save line in that file)."""
+        ts = start.ts if start is not None else first_ts
+        where = dict(copies)
+        if start is not None:
+            where.setdefault(start.source_id, start.offset)
+        i = bisect.bisect_left(self.keys, (ts,))
+        for ev in self.events[i:]:
+            if ev.ts == ts and not (ev.source_id in where and ev.offset > where[ev.source_id]):
+                continue
             if ev.step is None or ev.step > step:
                 return ev
         return None

@@ -111,6 +111,7 @@ def group_lines(lines: pl.DataFrame, *, final: bool) -> tuple[pl.DataFrame, pl.D
     # one line of another writer inside a traceback: its own record; the traceback goes on past it
     intruder = (
         ~continues_previous(line, prev)
+        & ~line.str.starts_with("Traceback (most recent call last)")  # a traceback's own header never intrudes
         & prev.str.contains(r"^[ \t]").fill_null(False)
         & (nxt.str.contains(_FRAME) | (nxt.str.contains(r"^[ \t]") & prev.str.contains(_FRAME))).fill_null(False)
     )
