@@ -117,6 +117,8 @@ def diagnose(paths: Iterable[str], options: PipelineOptions | None = None,
                 break
     finally:
         watcher.close()
+    detector.adopt_unlabelled()
     detector.advance(final=True)
     stats.duplicate_events = detector.stats.duplicates
+    stats.open_saves = detector.unfinished_saves()
     return [i for i in detector.incidents() if i.status != "superseded"], stats

@@ -22,7 +22,13 @@ def test_packaged_rule_examples_all_pass():
     assert n == len(PACKAGED.rules) and n >= 40
 
 
-@pytest.mark.parametrize("family", ["torchrun", "gloo", "nccl", "kernel", "storage", "deepspeed", "load_errors"])
+def test_every_packaged_rule_cites_the_source_it_was_written_from():
+    assert [r.id for r in PACKAGED.rules if len(r.source) < 20] == []
+
+
+@pytest.mark.parametrize("family", ["torchrun", "gloo", "nccl", "kernel", "storage", "deepspeed", "load_errors",
+                                    "huggingface", "lightning", "megatron", "torchtitan", "torchtune", "nemo",
+                                    "composer", "ray", "diffusers", "slurm", "kubernetes", "launchers", "plain"])
 def test_every_required_family_has_a_pack(family):
     import yaml
 
@@ -168,3 +174,61 @@ rules:
         RuleSet.load([str(pack)])
     n, errors = check_rule_files([str(pack)])
     assert [e.rule_id for e in errors] == ["plain.saving_checkpointt"]
+
+
+def _records(lines):
+    return _example_records(lines, "log")
+
+
+def test_a_traceback_through_save_code_is_tagged_during_save_and_a_load_rule_with_during_skips_it():
+    save_tb = ("Traceback (most recent call last):\n  File \"/venv/lib/python3.11/site-packages/torch/serialization.py\", "
+               "line 944, in save\n    _save(\nOSError: [Errno 28] No space left on device")
+    load_tb = ("Traceback (most recent call last):\n  File \"/venv/lib/python3.11/site-packages/transformers/trainer_callback.py\","
+               " line 152, in load_from_json\n    with open(p) as f:\n"
+               "FileNotFoundError: [Errno 2] No such file or directory: 'out/checkpoint-20/trainer_state.json'")
+    plain_tb = ("Traceback (most recent call last):\n  File \"train.py\", line 3, in main\n    open(p)\n"
+                "FileNotFoundError: [Errno 2] No such file or directory: 'data/train.jsonl'")
+    ev = PACKAGED.apply(_records([save_tb, load_tb, plain_tb]))
+    got = {r["offset"]: (r["kind"], json.loads(r["attrs"]).get("during"), r["step"]) for r in ev.iter_rows(named=True)}
+    assert got[0] == ("storage_error", "save", None)
+    assert got[1] == ("load_error", "load", 20)  # the step from the checkpoint's name
+    assert 2 not in got  # a missing data file outside load code is not a load failure
+
+
+def test_alternative_groups_fill_one_column(tmp_path):
+    pack = _write(tmp_path, """
+        rules:
+          - id: mine.missing
+            event: load_error
+            prefilter: "missing: "
+            pattern: 'missing: (?:''(?P<path>[^'']+)''|(?P<path__2>\\S+))'
+            examples:
+              match:
+                - line: "missing: '/ckpt/step_40/a.pt'"
+                  expect: {path: /ckpt/step_40/a.pt, step: 40}
+                - line: "missing: /ckpt/step_50/a.pt"
+                  expect: {path: /ckpt/step_50/a.pt, step: 50}
+        """)
+    assert check_rule_files([pack]) == (len(PACKAGED.rules) + 1, [])
+    ev = RuleSet.load([pack]).apply(_records(["missing: /ckpt/step_50/a.pt"]))
+    assert ev.row(0, named=True)["path"] == "/ckpt/step_50/a.pt" and "path__2" not in ev["attrs"][0]
+
+
+def test_a_number_in_a_checkpoint_root_is_not_a_step():
+    ev = PACKAGED.apply(_records(["2026-11-30 10:00:00,000 INFO train: Saving checkpoint to /ckpt/run-17/latest",
+                                  "2026-11-30 10:00:00,000 INFO train: Saving checkpoint to /models/gpt-7b/ckpt_step_30.pt"]))
+    assert ev["step"].to_list() == [None, 30]
+
+
+def test_a_rule_with_a_bad_during_or_source_is_named(tmp_path):
+    pack = _write(tmp_path, """
+        rules:
+          - id: mine.bad
+            event: load_error
+            during: sometimes
+            prefilter: "x"
+            pattern: "x"
+            examples: {match: ["x"]}
+        """)
+    with pytest.raises(RuleError, match="mine.bad.*'during' must be save or load"):
+        load_rule_file(pack)

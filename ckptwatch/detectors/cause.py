@@ -119,6 +119,7 @@ def attribute(failures: list[Ev], state: JobState, expected: set[int],
     oom_pids = {e.pid: e for e in failures if e.kind == "oom_kill" and e.pid is not None}
     agent_reported = {e.pid for e in failures if e.kind == "process_exit" and e.attrs.get("reporter") == "agent"}
     named = _named_ranks(failures)
+    first_other = next((e for e in failures if e.kind not in ("job_signal", "agent_signal")), None)
     hard: list[tuple[dt.datetime, int, Ev, str, int | None, str | None]] = []
     for e in failures:
         rank = state.rank_of(e)
@@ -127,6 +128,8 @@ def attribute(failures: list[Ev], state: JobState, expected: set[int],
         elif e.kind in ("cuda_oom", "gpu_xid", "storage_error", "node_lost"):
             hard.append((e.ts, _HARD_ORDER[e.kind], e, e.kind, rank, None))
         elif e.kind == "job_signal":
+            if first_other is not None and first_other.ts < e.ts:
+                continue  # the job was already failing: a cancellation now is its teardown, not its cause
             hard.append((e.ts, _HARD_ORDER["signal"], e, "signal", rank, e.signal))
         elif e.died_of_signal:
             sent_by_agent = e.pid in agent_pids and e.signal in AGENT_SIGNALS
@@ -198,7 +201,7 @@ def _hard_note(cls: str, sig: str | None, sender: str | None, ev: Ev) -> str:
     if cls == "signal" and sender:
         return f"{sig or 'a signal'} sent by {_SENDERS.get(sender, sender)}"
     if cls == "signal":
-        return (f"killed by {sig} with no kernel OOM-killer line for pid {ev.pid} in the logs read; "
+        return (f"killed by {sig} with no kernel OOM-killer line for {'pid ' + str(ev.pid) if ev.pid else 'it'} in the logs read; "
                 "the OOM killer is the usual sender of SIGKILL: check the kernel log (dmesg, journalctl -k) "
                 "of the host, or the scheduler (preemption)") if sig == "SIGKILL" else f"killed by {sig}"
     if cls == "oom_kill":

@@ -129,6 +129,12 @@ class JobState:
                 and ev.attrs.get("reporter") in ("shell",) and self.single_process:
             self.pid_rank[ev.pid] = 0  # the shell names the one process of a single-process job
             self.rank_pid.setdefault(0, ev.pid)
+        if ev.rank is None and ev.local_rank is not None and ev.pid is not None and ev.pid not in self.pid_rank \
+                and ev.kind == "world_size":
+            r = self.rank_of(ev)  # a launcher's "process N spawned ... --local_rank=1" on a one-host job
+            if r is not None:
+                self.pid_rank[ev.pid] = r
+                self.rank_pid.setdefault(r, ev.pid)
         if ev.rank is not None:
             if ev.pid is not None:
                 self.pid_rank[ev.pid] = ev.rank

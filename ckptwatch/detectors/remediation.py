@@ -14,8 +14,9 @@ def _cause_advice(root: RootCause | None) -> str:
         return ""
     host = f" on host {root.host}" if root.host else ""
     who = f"rank {root.rank}" if root.rank is not None else "the failing process"
+    pid = f" (pid {root.pid})" if root.pid is not None else ""
     if root.cls == "oom_kill":
-        return (f"The kernel OOM killer killed {who} (pid {root.pid}){host}: lower host-memory use during "
+        return (f"The kernel OOM killer killed {who}{pid}{host}: lower host-memory use during "
                 "saves (smaller per-rank state, async/staged save with bounded buffers, fewer dataloader "
                 "workers) or give the job more memory before relaunching.")
     if root.cls == "cuda_oom":
@@ -40,11 +41,11 @@ def _cause_advice(root: RootCause | None) -> str:
                     "by SIGKILL dies: check the host's kernel log (dmesg -T, journalctl -k) for the OOM killer and "
                     "the scheduler for preemption before relaunching.")
         if root.signal == "SIGKILL":
-            return (f"{who} (pid {root.pid}){host} was killed by SIGKILL. No OOM-killer line was found in the "
+            return (f"{who}{pid}{host} was killed by SIGKILL. No OOM-killer line was found in the "
                     "logs read; the OOM killer is the usual sender of SIGKILL, so check `dmesg -T` / "
                     "`journalctl -k` on that host around the time, then the scheduler (preemption, "
                     "time limit) before relaunching.")
-        return f"{who} (pid {root.pid}){host} was killed by {root.signal}: find who sent it (scheduler, operator)."
+        return f"{who}{pid}{host} was killed by {root.signal}: find who sent it (scheduler, operator)."
     if root.cls == "collective_timeout":
         return (f"{who}{host} stopped participating in a collective while the others waited. Look at what it "
                 "was doing (its own log, py-spy dump, slow or hung storage on its host) and consider a "

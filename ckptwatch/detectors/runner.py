@@ -68,6 +68,7 @@ class Detector:
         # facts of our own saves not yet taken by take_save_facts, by checkpoint (bounded like the registry)
         self._new_saves: dict[tuple[str | None, int | None], SaveFact] = {}
         self._open_saves: dict[str, int] = {}  # job -> its open saves at its last evaluation
+        self._unfinished: dict[str, list[tuple[int, str | None]]] = {}  # job -> (step, path) of those, no incident
 
     def process(self, rows: Iterable[dict[str, Any]], *, now: dt.datetime | None = None) -> None:
         """Take events (dicts with EVENT_SCHEMA keys, e.g. ``df.iter_rows(named=True)``);
@@ -102,6 +103,27 @@ class Detector:
             elif ev.kind == "metric" and job in self._loading:
                 self._loads_dirty.add(job)  # losses after a resume: post_resume_regression
         self.last_arrival = arrival
+
+    def adopt_unlabelled(self) -> bool:
+        """When every event that names a job names the same one, the events that name none
+        (a launcher's or kernel's file beside rank files read through a path template) are
+        that job's: fold job ``unknown`` into it. For one-shot reads; True if it did."""
+        named = [j for j in self.jobs if j != UNKNOWN_JOB]
+        unknown = self.jobs.get(UNKNOWN_JOB)
+        if unknown is None or len(named) != 1:
+            return False
+        state = self.jobs[named[0]]
+        for ev in [*unknown.events.values(), *unknown.progress]:
+            state.add(ev)
+        state.last_arrival = max(filter(None, (state.last_arrival, unknown.last_arrival)), default=None)
+        if unknown.loading:
+            self._loading.add(named[0])
+            self._loads_dirty.add(named[0])
+        self._loading.discard(UNKNOWN_JOB)
+        self._loads_dirty.discard(UNKNOWN_JOB)
+        del self.jobs[UNKNOWN_JOB]
+        self._dirty.add(named[0])
+        return True
 
     def watermark(self, now: dt.datetime | None = None) -> dt.datetime | None:
         """Newest event time of any job minus the allowed lateness, advanced by idle wall
@@ -158,6 +180,9 @@ class Detector:
             changed += self._finished_stalls(job, {i.id for i in found})
             concluded = {i.step for i in found if i.kind != "stalled_save"}
             self._open_saves[job] = sum(1 for s in saves.values() if not s.complete and s.step not in concluded)
+            self._unfinished[job] = sorted((s.step, s.path) for s in saves.values()
+                                           if not s.complete and s.step not in concluded and s.step not in
+                                           {i.step for i in found})
             if not final and (still_open or self._open_saves[job]):
                 continue  # keep evaluating as the watermark moves
             self._dirty.discard(job)
@@ -260,6 +285,12 @@ class Detector:
         every job, as of the last :meth:`advance`: what keeps a job under evaluation as the
         watermark moves."""
         return sum(self._open_saves.values())
+
+    def unfinished_saves(self) -> list[tuple[str, int, str | None]]:
+        """``(job, step, path)`` of saves seen to start and not to finish on every expected
+        rank, with no incident about them (no failure, not stalled long enough), as of the
+        last :meth:`advance`."""
+        return [(job, step, path) for job, items in sorted(self._unfinished.items()) for step, path in items]
 
     def incidents(self) -> list[Incident]:
         """Every incident emitted so far (latest version), by first_ts."""

@@ -7,7 +7,8 @@ starts at a line without the flag. Blank lines carry nothing and are dropped fir
 A line continues the previous one when it
 
 * is indented (space or tab): traceback frames, ``\\tsize mismatch for …`` details,
-  torchrun's ``  time : …`` / ``  rank : …`` fields;
+  torchrun's ``  time : …`` / ``  rank : …`` fields; except the messages Megatron-LM prints
+  indented (``  successfully saved checkpoint from iteration …``), which stand alone;
 * is a DCP per-rank sub-traceback header ``Traceback (most recent call last): (RANK n)``;
 * is a chained-exception separator (``During handling of the above exception…``,
   ``The above exception was the direct cause…``), or the traceback right after one;
@@ -39,9 +40,15 @@ _EXC_LINE = (
 _SECTION = r"^(?:Failures:|Root Cause \(first observed failure\):)\s*$"
 
 
+#: indented lines that are messages of their own: Megatron-LM prints these with leading spaces
+#: (megatron/training/checkpointing.py save_checkpoint / load_checkpoint, print_rank_0('  successfully …'))
+_OWN_INDENTED = (r"^\s+(?:successfully (?:saved|loaded) checkpoint|scheduled an async checkpoint save"
+                 r"|will not load any checkpoints)")
+
+
 def continues_previous(line: pl.Expr, prev: pl.Expr) -> pl.Expr:
     """Boolean expression: ``line`` belongs to the record that ``prev`` is in."""
-    indented = line.str.contains(r"^[ \t]")
+    indented = line.str.contains(r"^[ \t]") & ~line.str.contains(_OWN_INDENTED)
     prev_indented = prev.str.contains(r"^[ \t]|^Traceback \(most recent call last\)").fill_null(False)
     prev_chain = prev.str.contains(r"^(?:During handling of the above|The above exception was)").fill_null(False)
     return (

@@ -30,6 +30,8 @@ class Stats:
     #: events of a job's own kinds that carry no job, and per job those that carry no rank
     #: (neither rank nor local rank), with a few of their files: see :meth:`label_warnings`
     no_job: int = 0
+    #: saves seen to start and not to finish, with no failure, at the end of a one-shot read: (job, step, path)
+    open_saves: list[tuple[str, int, str | None]] = field(default_factory=list)
     no_rank: dict[str, int] = field(default_factory=dict)
     unlabelled_files: dict[str, list[str]] = field(default_factory=dict)
 
@@ -58,7 +60,14 @@ class Stats:
             out["kernel"] = (f"{self.notes['kernel_uptime_without_boot_time']} kernel line(s) dated in seconds since boot "
                        "were given the time of the lines around them: pass the host's boot time with --boot-time "
                        "(e.g. from `uptime -s`), or log with `dmesg -T` / journalctl")
-        if self.no_job:
+        if self.open_saves:
+            shown = "; ".join(f"step {st} of job {job}" + (f" ({p})" if p else "") for job, st, p in self.open_saves[:3])
+            more = f" and {len(self.open_saves) - 3} more" if len(self.open_saves) > 3 else ""
+            out["open-saves"] = (f"{len(self.open_saves)} save(s) started and were not seen to finish before the logs "
+                                 f"end, with no failure seen: {shown}{more}. If the job was still running, that is "
+                                 "expected; if its logs stop there, treat those checkpoints as incomplete "
+                                 "(`ckptwatch verify` tells)")
+        if self.no_job and self.files > 1:  # one file or a paste is one job by necessity
             files = ", ".join(self.unlabelled_files.get("", [])[:3])
             out["no-job"] = (f"{self.no_job} event(s) carry no job (e.g. in {files}): they are judged together as job "
                        "'unknown'; name the job with --path-template, e.g. '{job}/rank{rank}.log' or "

@@ -52,11 +52,12 @@ def render_text(incidents: list[Incident], console: Console, stats: dict[str, An
         style = _SEV_STYLE.get(inc.severity, "")
         console.print(f"[{style}]{inc.severity.upper()}[/{style}] [bold]{inc.kind}[/bold]  job {escape(str(inc.job))}  "
                       f"step {inc.step}  [dim]id {inc.id} · {inc.status}[/dim]")
-        console.print(f"  checkpoint   {escape(str(inc.checkpoint_path))}")
+        console.print(f"  checkpoint   {escape(inc.checkpoint_path or 'path not in the logs')}")
         if rc:
             sig = f" ({rc.signal})" if rc.signal else ""
-            console.print(f"  root cause   [bold]{rc.cls}{sig}[/bold] on rank {rc.rank}, host {rc.host}, pid {rc.pid}, "
-                          f"at {_ts(rc.ts)}")
+            where = ", ".join(f"{k} {v}" for k, v in (("rank", rc.rank), ("host", rc.host), ("pid", rc.pid))
+                              if v is not None) or "rank unknown"
+            console.print(f"  root cause   [bold]{rc.cls}{sig}[/bold] on {escape(where)}, at {_ts(rc.ts)}")
             if rc.line:
                 console.print(f"               [dim]{escape(rc.line[:160])}[/dim]")
             if rc.note:
@@ -72,7 +73,8 @@ def render_text(incidents: list[Incident], console: Console, stats: dict[str, An
                           f"{_ranks(cs.get('finished', []))}; started, not finished: "
                           f"{_ranks(cs.get('started_not_finished', []))}; not started: {_ranks(cs.get('not_started', []))}")
         lg = inc.last_good_checkpoint
-        console.print(f"  last good    {('step ' + str(lg['step']) + '  ' + str(lg.get('path'))) if lg else 'none seen'}")
+        lg_text = (f"step {lg['step']}" + (f"  {lg['path']}" if lg.get("path") else "")) if lg else "none seen"
+        console.print(f"  last good    {escape(lg_text)}")
         console.print(f"  do this      {escape(inc.remediation)}")
         console.print("  timeline")
         for line in timeline(inc):
