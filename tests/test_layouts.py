@@ -331,6 +331,7 @@ def test_run_says_each_labelling_gap_once(tmp_path):
     logs = tmp_path / "logs"
     logs.mkdir()
     (logs / "a.log").write_text("2026-11-30 10:05:00,000 INFO train: saving checkpoint step 40 to /ckpt/step_40\n")
+    (logs / "b.log").write_text("2026-11-30 10:05:00,000 INFO train: saving checkpoint step 40 to /ckpt/step_40\n")
     r = subprocess.run([sys.executable, "-m", "ckptwatch", "run", "--logs", str(logs), "--db", str(tmp_path / "x.duckdb"),
                         "--once"], capture_output=True, text=True)
     assert r.stderr.count("carry no job") == 1, r.stderr
