@@ -18,8 +18,8 @@ from kafka_support import fleet_equals_embedded
 from ckptwatch.pipeline import diagnose
 
 SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
-# Scenarios marked "pending-rules" are ground truth for the signal library still to be written
-# (issue 13): benchmarks/accuracy.py measures them; these tests hold the ones diagnosed today.
+# A scenario marked "pending-rules" would be ground truth for rules not written yet (none today):
+# benchmarks/accuracy.py measures it, these tests leave it out.
 NAMES = sorted(p.name for p in SCENARIO_DIR.iterdir() if (p / "scenario.json").exists()
                and json.loads((p / "scenario.json").read_text()).get("status") != "pending-rules")
 
@@ -48,11 +48,21 @@ def test_diagnose_meets_the_scenario(name):
         assert got == []
 
 
+#: through the broker: the first scenarios and one faulty scenario per framework (each run takes
+#: seconds of idle waiting; the rest go through the same stages on the same rules)
+_ORIGINAL = {"hf-poisoned-resume", "lightning-clean-resume", "deepspeed-world-size", "megatron-regression",
+             "safetensors-load-failure"}
+KAFKA_NAMES = sorted(_ORIGINAL | {next(n for n in NAMES if n.split("-")[0] == fw and bool(spec(n)["incidents"]) == faulty)
+                                  for fw in {n.split("-")[0] for n in NAMES} for faulty in (True,)
+                                  if any(n.split("-")[0] == fw and bool(spec(n)["incidents"]) == faulty for n in NAMES)})
+
+
 @pytest.mark.kafka
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", KAFKA_NAMES)
 def test_each_scenario_same_incidents_through_kafka(name, kafka_bootstrap, tmp_path):
-    if diagnose([str(SCENARIO_DIR / name / "logs")])[1].events == 0:
-        pytest.skip(f"{name}: no line is an event yet (pending the signal library): nothing to carry through Kafka")
+    files = [p for p in (SCENARIO_DIR / name / "logs").rglob("*") if p.is_file()]
+    if all(p.suffix == ".gz" for p in files):
+        pytest.skip(f"{name}: only .gz archives, which diagnose reads and the collector (a tail of live files) does not")
     logs = tmp_path / name
     shutil.copytree(SCENARIO_DIR / name / "logs", logs)
     want = spec(name)

@@ -152,9 +152,11 @@ class DetectorMember:
         end = self.member.highwater(tp)
         return end is not None and self.position.get(tp, 0) < end
 
-    def step(self, *, now: dt.datetime | None = None) -> int:
+    def step(self, *, now: dt.datetime | None = None, final: bool = False) -> int:
         """Poll, feed, publish what changed, commit. Returns the number of records consumed
-        (1 while not yet in the group, so that waiting to join is not mistaken for idleness)."""
+        (1 while not yet in the group, so that waiting to join is not mistaken for idleness).
+        ``final``: the input is complete (``run --kafka --once`` after the collector read every
+        byte and the partitions are drained): nothing waits for late evidence any more."""
         records = self.member.poll(self.poll_timeout)
         now = now or dt.datetime.now(dt.timezone.utc)
         for tp in list(self._pending):
@@ -175,7 +177,7 @@ class DetectorMember:
         for _ in range(3):  # a save found in one partition may settle a resume in another
             ready = [det for tp, det in sorted(self.detectors.items(), key=lambda kv: kv[0].partition)
                      if not self.replaying(tp) and not self.behind(tp)]
-            found = [inc for det in ready for inc in det.advance(now=now)]
+            found = [inc for det in ready for inc in det.advance(now=now, final=final)]
             new_facts = [f for det in ready for f in det.take_save_facts()]
             facts.update((save_fact_key(f), f) for f in new_facts)
             changed += found

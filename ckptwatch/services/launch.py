@@ -81,7 +81,8 @@ def run_all(config: Config, options: PipelineOptions, store: Store, *, once: boo
             metrics: Metrics | None = None, alerter: Alerter | None = None) -> tuple[Collector, DetectorMember, SinkMember]:
     """``ckptwatch run --kafka``: the three services in one process, linked by the broker.
     With ``once``: publish the files' contents, then run detector and sink until idle for
-    ``until_idle`` seconds (default 5) and deliver the alerts (at most 30 s)."""
+    ``until_idle`` seconds (default 5), conclude (the input is complete, as in the embedded
+    ``run --once``), drain the sink and deliver the alerts (at most 30 s)."""
     metrics = metrics or Metrics()
     collector = _collector(config, options, say, metrics)
     member = _detector(config, options, say, metrics)
@@ -92,6 +93,8 @@ def run_all(config: Config, options: PipelineOptions, store: Store, *, once: boo
             while collector.watcher.backlog:  # every byte: a chunk of each file per step
                 collector.step(final=True)
             run_steps([member.step, sinker.step], interval=0.2, until_idle=until_idle or 5.0)
+            member.step(final=True)  # every event is in: conclude what waited for late evidence, as run --once does
+            run_steps([sinker.step], interval=0.2, until_idle=until_idle or 5.0)
             if alerter:
                 alerter.drain(30.0)
         else:
