@@ -35,9 +35,11 @@ then sends SIGTERM to the rest of the group. Attribution, in order:
    (NCCL's ``SeqNum``, "last completed work"), else the expected rank that did *not*
    report a timeout. Only when every rank timed out alike does the earliest reporter
    stand in (``note`` says so).
-3. With **collective errors only** (peers report the connection to a rank closed) and a
-   rank that never finished the save and reported nothing: that rank died without a
-   traceback, as a process killed by a signal does: class ``signal``, no signal known.
+3. With **collective errors only**: when they name a peer host of the job (NCCL's IB
+   completion error or socket error) and no rank on that host reported anything, that
+   node was lost (``node_lost``); else, when a rank that never finished the save reported
+   nothing, that rank died without a traceback, as a process killed by a signal does:
+   class ``signal``, no signal known.
 4. Otherwise the earliest failing exit (exit code > 0) or error, class ``unknown``.
 
 A rank named by the failure's own rank list (DCP's ``CheckpointException ranks:dict_keys([3])``)
@@ -170,6 +172,16 @@ def attribute(failures: list[Ev], state: JobState, expected: set[int],
         silent = sorted(unfinished - reporters)
         if timeouts:
             root, root_events = _timeout_suspect(timeouts, state, expected)
+        elif (lost := _lost_peer(errors, state, reporters)) is not None:
+            host, first = lost
+            on = sorted(r for r, h in state.rank_host.items() if h == host)
+            rank = on[0] if len(on) == 1 else None  # a node, not one of its ranks
+            note = (f"peers lost their transport connection to host {host} ({first.attrs.get('transport', 'network')}: "
+                    f"'{first.first_line(120)}') and no rank on {host} reported anything after: the node (or its "
+                    f"network) went away")
+            root = _root_from(first, "node_lost", rank, state, note=note)
+            root.host, root.pid = host, state.rank_pid.get(rank) if rank is not None else None
+            root_events = [first]
         elif errors and silent:
             rank = silent[0]
             first = errors[0]
@@ -195,6 +207,20 @@ def attribute(failures: list[Ev], state: JobState, expected: set[int],
     collateral = sorted({r for e in collateral_events if (r := state.rank_of(e)) is not None} - {root.rank})
     return Attribution(root=root, collateral=collateral, root_events=root_events,
                        collateral_events=collateral_events)
+
+
+def _lost_peer(errors: list[Ev], state: JobState, reporters: set[int]) -> tuple[str, Ev] | None:
+    """``(host, first report)`` when collective errors name a peer host (NCCL's IB completion
+    error or socket error, ``peer_host``) that is a host of the job and none of whose ranks
+    reported a failure: that host went silent."""
+    for e in errors:
+        peer = e.attrs.get("peer_host")
+        if not isinstance(peer, str):
+            continue
+        on = {r for r, h in state.rank_host.items() if h == peer}
+        if on and not on & reporters:
+            return peer, e
+    return None
 
 
 def _hard_note(cls: str, sig: str | None, sender: str | None, ev: Ev) -> str:

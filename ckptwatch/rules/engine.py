@@ -333,8 +333,12 @@ class RuleSet:
                 pl.when(own | captured_ts.is_null()).then(pl.col("ts")).otherwise(captured_ts).alias("ts"),
                 pl.when(own | captured_ts.is_null()).then(pl.col("ts_source")).otherwise(pl.lit("rule")).alias("ts_source"),
             )
-        attr_cols = [c for c in groups.columns if c.split("__")[0] not in _COLUMN_GROUPS and c != "ts"]
-        attrs_df = pl.DataFrame([_cast_attr(groups[c]) for c in attr_cols]) if attr_cols else pl.DataFrame()
+        attr_names = list(dict.fromkeys(c.split("__")[0] for c in groups.columns
+                                         if c.split("__")[0] not in _COLUMN_GROUPS and c != "ts"))
+        attr_cols = attr_names
+        attrs_df = pl.DataFrame([_cast_attr(groups.select(pl.coalesce(
+            [c for c in groups.columns if c == n or (c.startswith(n + "__") and c[len(n) + 2:].isdigit())]
+        ).alias(n)).to_series()) for n in attr_names]) if attr_names else pl.DataFrame()
         static = rule.attrs
         attrs_json = []
         rows = attrs_df.to_dicts() if attr_cols else [{} for _ in range(hit.height)]

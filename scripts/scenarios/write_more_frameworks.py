@@ -456,6 +456,26 @@ def k8s_scenario() -> None:
 
 # --- DCP CheckpointException naming the failed rank, with clock skew ---------------------------
 
+def dcp_saves(files: dict[str, list[str]], hosts: dict[int, str], ln, *, start: float, last: int, step_s: float,
+              save_s: float, root: str) -> float:
+    """Every 100 steps up to ``last``, on every rank: a key=value loss line and
+    ``dcp.save begin``; every save but the last one ends (``dcp.save done``) ``save_s`` later.
+    Returns the time (seconds from T0) of the last save's start."""
+    t = start
+    for step in range(100, last + 1, 100):
+        t += 100 * step_s
+        for rank in sorted(hosts):
+            f = files[f"{hosts[rank]}/console.log"]
+            f.append(ln(rank, t + 0.01 * rank, f"step {step} | loss {2.0 - step / 1000:.4f}"))
+            f.append(ln(rank, t + 0.02 + 0.01 * rank, f"dcp.save begin step={step} path={root}/step_{step}"))
+        if step < last:
+            t += save_s
+            for rank in sorted(hosts):
+                files[f"{hosts[rank]}/console.log"].append(
+                    ln(rank, t + 0.01 * rank, f"dcp.save done step={step} path={root}/step_{step}"))
+    return t
+
+
 def dcp_exception_scenario() -> None:
     hosts = {0: "node-a", 1: "node-a", 2: "node-b", 3: "node-b"}
     skew = {"node-a": 0.0, "node-b": -0.4}  # node-b's clock is 400 ms behind
@@ -466,18 +486,7 @@ def dcp_exception_scenario() -> None:
     files: dict[str, list[str]] = {"node-a/console.log": [], "node-b/console.log": []}
     for rank in range(4):
         files[f"{hosts[rank]}/console.log"].append(ln(rank, 1, f"rank={rank} local_rank={rank % 2} world_size=4 host={hosts[rank]}"))
-    t = 2.0
-    for step in range(1, 601):
-        t += 1.0
-        if step % 100 == 0:
-            for rank in range(4):
-                f = files[f"{hosts[rank]}/console.log"]
-                f.append(ln(rank, t + 0.01 * rank, f"step {step} | loss {1.9 - step / 1000:.4f}"))
-                f.append(ln(rank, t + 0.02 + 0.01 * rank, f"dcp.save begin step={step} path=/scratch/ckpt/step_{step}"))
-            if step < 600:
-                t += 3
-                for rank in range(4):
-                    files[f"{hosts[rank]}/console.log"].append(ln(rank, t + 0.01 * rank, f"dcp.save done step={step} path=/scratch/ckpt/step_{step}"))
+    t = dcp_saves(files, hosts, ln, start=2.0, last=600, step_s=1.0, save_s=3, root="/scratch/ckpt")
     # rank 3's local disk fills; DCP gathers the failure and every rank raises the same CheckpointException
     t += 5
     for rank in range(4):
@@ -513,6 +522,52 @@ def dcp_exception_scenario() -> None:
     }, files)
 
 
+# --- NCCL: a node lost mid-save, known from the peers' transport errors ------------------------
+
+def nccl_node_lost() -> None:
+    hosts = {0: "gpu-a", 1: "gpu-a", 2: "gpu-b", 3: "gpu-b"}
+    pids = {0: 61001, 1: 61002, 2: 72001, 3: 72002}
+    files: dict[str, list[str]] = {"gpu-a/console.log": [], "gpu-b/console.log": []}
+
+    def ln(rank: int, t: float, msg: str) -> str:
+        return f"[default{rank % 2}]:{std(at(t))} INFO [rank{rank}] train: {msg}"
+
+    for rank in range(4):
+        f = files[f"{hosts[rank]}/console.log"]
+        # nccl src/init.cc under src/debug.cc's 'host:pid:tid [cudaDev] NCCL INFO ' prefix
+        f.append(f"[default{rank % 2}]:{hosts[rank]}:{pids[rank]}:{pids[rank] + 90} [{rank % 2}] NCCL INFO ncclCommInitRank "
+                 f"comm 0x55{rank}1e4a0 rank {rank} nranks 4 cudaDev {rank % 2} nvmlDev {rank % 2} busId {'1b' if rank % 2 else '0a'}000 "
+                 f"commId 0x9a1e0c2f - Init COMPLETE")
+    t = dcp_saves(files, hosts, ln, start=5.0, last=400, step_s=1.5, save_s=6, root="/ckpt/llm")
+    # 3 s into the step-400 save gpu-b loses power: its console stops; gpu-a's ranks lose their peer
+    t += 3
+    for rank in (0, 1):
+        f = files["gpu-a/console.log"]
+        f.append(f"[default{rank}]:gpu-a:{pids[rank]}:{pids[rank] + 91} [{rank}] misc/socket.cc:50 NCCL WARN socketProgress: "
+                 f"Connection closed by remote peer gpu-b<{51234 + rank}>")
+        f += [f"[default{rank}]:[rank{rank}]: {x}" for x in [
+            "Traceback (most recent call last):",
+            '  File "/app/train.py", line 150, in main',
+            "    dcp.save(state, checkpoint_id=path)",
+            '  File "/usr/lib/python3/dist-packages/torch/distributed/checkpoint/state_dict_saver.py", line 150, in save',
+            "    return _save_state_dict(",
+            "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:2027, "
+            "remote process exited or there was a network error, NCCL version 2.21.5",
+            "ncclRemoteError: A call failed possibly due to a network error or a remote process exiting prematurely."]]
+    files["gpu-a/console.log"].append(
+        f"{glog(at(t + 2), 'E')} 61000 torch/distributed/elastic/multiprocessing/api.py:869] failed (exitcode: 1) "
+        f"local_rank: 0 (pid: {pids[0]}) of binary: /usr/bin/python3")
+    write("dcp-nccl-node-lost-during-save", {
+        "description": "A plain DCP loop under torchrun on 2 nodes x 2 (one console per node, NCCL_DEBUG=INFO init lines naming "
+                       "host, pid and rank). 3 s into the step-400 save gpu-b loses power: its console stops mid-save; gpu-a's "
+                       "ranks log NCCL's 'socketProgress: Connection closed by remote peer gpu-b<port>' and fail in dcp.save "
+                       "with ncclRemoteError; torchrun on gpu-a reports exit code 1. No rank on gpu-b says anything.",
+        "framework": "torch.distributed.checkpoint, NCCL, torchrun",
+        "incidents": [{"kind": "interrupted_save", "step": 400, "root_cause_class": "node_lost", "root_rank": None}],
+        "must_not": must_not("interrupted_save"),
+    }, files)
+
+
 if __name__ == "__main__":
     composer_scenarios()
     ray_scenario()
@@ -523,4 +578,5 @@ if __name__ == "__main__":
     cuda_oom_scenario()
     k8s_scenario()
     dcp_exception_scenario()
+    nccl_node_lost()
     print("written under", OUT)
