@@ -84,6 +84,7 @@ EVENT_KINDS = frozenset(
         "world_size",
         "job_failed",  # torchrun's ChildFailedError summary: the job ended in failure
         "job_end",  # a job ended normally (training finished)
+        "retry",  # a client retried (botocore): not a failure, kept as context
     }
 )
 

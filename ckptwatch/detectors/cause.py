@@ -52,6 +52,7 @@ first rank *torchrun saw* fail, which after a timeout is often a victim, not the
 from __future__ import annotations
 
 import datetime as dt
+import re
 from dataclasses import dataclass
 
 from ckptwatch.detectors.events import Ev
@@ -157,6 +158,8 @@ def attribute(failures: list[Ev], state: JobState, expected: set[int],
                     and abs((h[0] - ts).total_seconds()) <= _SAME_FAILURE_S]
             if same:
                 rank = same[0][4]
+            elif cls == "oom_kill" and (r := _oom_victim_rank(ev, failures, state)) is not None:
+                rank = r
             elif len(unfinished) == 1 and len(expected) > 1:
                 rank = next(iter(unfinished))
         sender = ev.attrs.get("sender") if cls == "signal" else None
@@ -207,6 +210,28 @@ def attribute(failures: list[Ev], state: JobState, expected: set[int],
     collateral = sorted({r for e in collateral_events if (r := state.rank_of(e)) is not None} - {root.rank})
     return Attribution(root=root, collateral=collateral, root_events=root_events,
                        collateral_events=collateral_events)
+
+
+_SLURM_TASK = re.compile(r"/slurm/[^,\s]*?/task_(\d+)\b")
+
+
+def _oom_victim_rank(ev: Ev, failures: list[Ev], state: JobState) -> int | None:
+    """The rank of a kernel OOM kill that names none: a Slurm task cgroup in the kernel's
+    summary (``task_memcg=/slurm/uid_1000/job_77120/step_0/task_2``: the task id is the rank
+    under srun), else a SIGKILL death with a rank reported on the same host around it
+    (srun's ``task 2: Killed``)."""
+    for e in failures:
+        if e.kind == "oom_kill" and abs((e.ts - ev.ts).total_seconds()) <= _SAME_FAILURE_S:
+            m = _SLURM_TASK.search(str(e.attrs.get("task_memcg") or ""))
+            if m:
+                return int(m.group(1))
+    for e in failures:
+        r = state.rank_of(e)
+        if (r is not None and e.died_of_signal and e.signal == "SIGKILL"
+                and (not ev.host or not e.host or e.host == ev.host)
+                and abs((e.ts - ev.ts).total_seconds()) <= _SAME_FAILURE_S):
+            return r
+    return None
 
 
 def _lost_peer(errors: list[Ev], state: JobState, reporters: set[int]) -> tuple[str, Ev] | None:

@@ -43,7 +43,8 @@ _SECTION = r"^(?:Failures:|Root Cause \(first observed failure\):)\s*$"
 #: indented lines that are messages of their own: Megatron-LM prints these with leading spaces
 #: (megatron/training/checkpointing.py save_checkpoint / load_checkpoint, print_rank_0('  successfully …'))
 _OWN_INDENTED = (r"^\s+(?:successfully (?:saved|loaded) checkpoint|scheduled an async checkpoint save"
-                 r"|will not load any checkpoints)")
+                 r"|will not load any checkpoints|loading (?:distributed )?checkpoint from|saving checkpoint at"
+                 r"|iteration\s+\d+/\s*\d+ \||\[\d{4}-\d{2}-\d{2}[ T]\d)")  # a dated line is never a continuation
 
 
 def continues_previous(line: pl.Expr, prev: pl.Expr) -> pl.Expr:
