@@ -115,6 +115,9 @@ class Ev:
 
     def first_line(self, limit: int = 240) -> str:
         """The most telling line of the record: for a traceback, its last exception line."""
+        at = self.attrs.get("at_line")
+        if isinstance(at, int) and 0 < at < len(self.line.splitlines()):  # the line the rule matched
+            return self.line.splitlines()[at].strip()[:limit]
         lines = [x for x in self.line.splitlines() if x.strip()]
         if not lines:
             return ""

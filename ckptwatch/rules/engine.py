@@ -42,6 +42,7 @@ that matches it. So ``(source_id, offset)`` identifies an event.
 
 from __future__ import annotations
 
+import email.utils
 import hashlib
 import json
 import os
@@ -343,11 +344,18 @@ class RuleSet:
         attrs_json = []
         rows = attrs_df.to_dicts() if attr_cols else [{} for _ in range(hit.height)]
         during = self._during(hit["line"])
-        for row, code in zip(rows, during, strict=True):
+        # where in a multi-line record the match starts: the line a report should show
+        starts = hit.select(pl.when(pl.col("line").str.contains("\n", literal=True))
+                            .then(pl.col("line").str.find(rule.pattern)).alias("p"))["p"].to_list()
+        for row, code, text, pos in zip(rows, during, hit["line"].to_list(), starts, strict=True):
             d = {k: v for k, v in row.items() if v is not None}
             d.update(static)
             if code is not None and "during" not in d:
                 d["during"] = code
+            if pos:
+                n = text.encode()[:pos].count(b"\n")
+                if n and not text.startswith("Traceback"):
+                    d["at_line"] = n
             attrs_json.append(json.dumps(d, sort_keys=True))
         for name in ("pid", "step", "path"):
             if name not in df.columns:
@@ -396,7 +404,19 @@ def _format_path(fmt: str, path: str | None, step: int | None) -> str | None:
         return path
 
 
+def _rfc1123_to_iso(v: str | None) -> str | None:
+    """``Mon, 30 Nov 2026 10:38:21 +0000`` (RFC 1123 / 2822, as kubectl describe prints
+    times) as ISO 8601; other values unchanged."""
+    if not v or "," not in v[:5]:
+        return v
+    try:
+        return email.utils.parsedate_to_datetime(v).isoformat()
+    except (TypeError, ValueError, IndexError):
+        return v
+
+
 def _parse_captured_ts(values: pl.Series, context: pl.Series) -> pl.Series:
+    values = pl.Series(values.name, [_rfc1123_to_iso(v) for v in values], dtype=pl.Utf8)
     df = pl.DataFrame({"line": values.fill_null(""), "stream_key": [str(i) for i in range(len(values))],
                        "mtime": context}, schema={"line": pl.Utf8, "stream_key": pl.Utf8, "mtime": TS})
     out = timestamps.add_event_time(df)
