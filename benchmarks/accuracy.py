@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ckptwatch.groundtruth import Score, load_cases, score  # noqa: E402
+from ckptwatch.groundtruth import Score, load_cases, restore_mtimes, score  # noqa: E402
 from ckptwatch.pipeline import diagnose  # noqa: E402
 
 
@@ -42,6 +42,7 @@ def main() -> int:
     ap.add_argument("--verbose", action="store_true", help="list each case's misses and false incidents")
     ap.add_argument("--only", default="", help="only cases whose name contains this")
     args = ap.parse_args()
+    restore_mtimes(ROOT)  # undated lines are dated by their file's mtime, which a checkout loses
     cases = [c for c in load_cases(ROOT) if args.only in c.name]
     rows: dict[str, list[tuple[object, Score]]] = defaultdict(list)
     t0 = time.monotonic()

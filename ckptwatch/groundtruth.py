@@ -12,11 +12,17 @@ reports (``{"incidents": [{"kind", "step", "root_cause_class", "root_rank"}], "m
   (``"framework"``; ``"status": "pending-rules"`` for ground truth of rules not written yet).
 
 Used by the tests (``tests/conftest.py``) and ``benchmarks/accuracy.py``.
+
+A file's modification time is evidence for the lines that carry no time of their own (a
+``print()`` log is dated by its file's mtime; see ``ckptwatch/ingest/timestamps.py``), and a
+git checkout loses it: ``mtimes.json`` beside a real run's ``logs/`` keeps each log file's
+original mtime, and :func:`restore_mtimes` puts them back before a diagnosis.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -116,3 +122,29 @@ def load_cases(root: Path) -> list[Case]:
                                   incidents=list(spec.get("incidents") or []), must_not=list(spec.get("must_not") or []),
                                   status=spec.get("status", "passing"), source=source))
     return cases
+
+
+MTIMES = "mtimes.json"
+
+
+def record_mtimes(case_dir: Path) -> int:
+    """Write ``case_dir/mtimes.json``: each file under ``case_dir/logs`` (relative path) ->
+    its mtime in ns. Returns the number of files."""
+    logs = case_dir / "logs"
+    found = {str(p.relative_to(logs)): p.stat().st_mtime_ns for p in sorted(logs.rglob("*")) if p.is_file()}
+    (case_dir / MTIMES).write_text(json.dumps(found, indent=0, sort_keys=True) + "\n")
+    return len(found)
+
+
+def restore_mtimes(root: Path) -> int:
+    """Give every log file of the repository's scenarios that has a recorded mtime (see the
+    module docstring) that mtime again. Returns the number of files touched."""
+    n = 0
+    for folder in (root / "tests" / "fixtures" / "realruns", root / "tests" / "scenarios", root / "examples" / "corpus"):
+        for spec in sorted(folder.glob(f"*/{MTIMES}")) if folder.is_dir() else []:
+            for rel, ns in json.loads(spec.read_text()).items():
+                p = spec.parent / "logs" / rel
+                if p.is_file() and p.stat().st_mtime_ns != ns:
+                    os.utime(p, ns=(ns, ns))
+                    n += 1
+    return n

@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 
 import kafka_support
-from ckptwatch.groundtruth import SAVE_KINDS, unmatched  # noqa: F401  (used by the tests through conftest)
+from ckptwatch.groundtruth import SAVE_KINDS, restore_mtimes, unmatched  # noqa: F401  (used by the tests through conftest)
+
+
+def pytest_sessionstart(session):
+    """A checkout dates every file now; undated log lines are dated by their file's mtime, so
+    the scenarios' recorded mtimes are put back first (ckptwatch.groundtruth.restore_mtimes)."""
+    restore_mtimes(Path(__file__).resolve().parent.parent)
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "examples" / "corpus"

@@ -3,7 +3,7 @@
 GPUs or clusters this machine does not have: Composer, Ray Train, diffusers, DCP async under
 Slurm, CUDA OOM in a save, Kubernetes OOMKilled, DCP's CheckpointException rank list.
 
-    python3 scripts/scenarios/write_more_frameworks.py   # rewrites those scenario folders
+    .venv/bin/python scripts/scenarios/write_more_frameworks.py   # rewrites those scenario folders (and their mtimes.json)
 
 Every line family is the wording of the framework's source (cited in tests/scenarios/PROVENANCE.md,
 "Scenarios added by write_more_frameworks.py"); times, pids, hosts, paths and losses are invented.
@@ -16,6 +16,8 @@ import datetime as dt
 import json
 import shutil
 from pathlib import Path
+
+from ckptwatch.groundtruth import record_mtimes
 
 OUT = Path(__file__).resolve().parents[2] / "tests" / "scenarios"
 T0 = dt.datetime(2026, 11, 30, 9, 0, 0, tzinfo=dt.timezone.utc)
@@ -42,6 +44,7 @@ def write(name: str, spec: dict, files: dict[str, list[str]]) -> None:
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text("\n".join(lines) + "\n")
     (d / "scenario.json").write_text(json.dumps(spec, indent=1) + "\n")
+    record_mtimes(d)
 
 
 ALL_KINDS = ["interrupted_save", "storage_failure_during_save", "partial_checkpoint", "stalled_save",
