@@ -160,6 +160,8 @@ def attribute(failures: list[Ev], state: JobState, expected: set[int],
                 rank = same[0][4]
             elif cls == "oom_kill" and (r := _oom_victim_rank(ev, failures, state)) is not None:
                 rank = r
+            elif cls != "signal" and len(failed := _failed_workers(failures, state)) == 1:
+                rank = failed.pop()  # a rank-less traceback: the one worker the launcher saw fail
             elif len(unfinished) == 1 and len(expected) > 1:
                 rank = next(iter(unfinished))
         sender = ev.attrs.get("sender") if cls == "signal" else None
@@ -232,6 +234,13 @@ def _oom_victim_rank(ev: Ev, failures: list[Ev], state: JobState) -> int | None:
                 and abs((e.ts - ev.ts).total_seconds()) <= _SAME_FAILURE_S):
             return r
     return None
+
+
+def _failed_workers(failures: list[Ev], state: JobState) -> set[int]:
+    """Ranks the launcher reported failing with an error exit (not a signal): torchrun's
+    ``failed (exitcode: 1) local_rank: 2`` and its failure summary."""
+    return {r for e in failures if e.kind == "process_exit" and e.attrs.get("reporter") in ("agent", "torchrun_summary")
+            and (e.exitcode or 0) > 0 and (r := state.rank_of(e)) is not None}
 
 
 def _lost_peer(errors: list[Ev], state: JobState, reporters: set[int]) -> tuple[str, Ev] | None:

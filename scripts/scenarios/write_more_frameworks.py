@@ -571,6 +571,38 @@ def nccl_node_lost() -> None:
     }, files)
 
 
+# --- a rank-less traceback, tied to the worker torchrun saw fail -------------------------------
+
+def rankless_traceback() -> None:
+    hosts = {0: "gpu-z", 1: "gpu-z"}
+    files: dict[str, list[str]] = {"gpu-z/console.log": [
+        f"{glog(at(0))} 9000 torch/distributed/elastic/agent/server/api.py:553]   local_ranks=[0, 1]",
+        f"{glog(at(0))} 9000 torch/distributed/elastic/agent/server/api.py:553]   global_ranks=[0, 1]"]}
+
+    def ln(rank: int, t: float, msg: str) -> str:  # a plain console: no --tee, no prefix; the logger names the rank
+        return f"{std(at(t))} INFO [rank{rank}] train: {msg}"
+
+    t = dcp_saves(files, hosts, ln, start=1.0, last=300, step_s=0.5, save_s=2, root="/nvme/ckpt")
+    files["gpu-z/console.log"] += [
+        "Traceback (most recent call last):",
+        '  File "/app/train.py", line 150, in main',
+        "    dcp.save(state, checkpoint_id=path)",
+        '  File "/usr/lib/python3/dist-packages/torch/distributed/checkpoint/filesystem.py", line 190, in _write_files_from_queue',
+        "    _write_item(stream, data, write_item, storage_key)",
+        "OSError: [Errno 28] No space left on device",
+        f"{glog(at(t + 1.0), 'W')} 9000 torch/distributed/elastic/multiprocessing/api.py:897] Sending process 9001 closing signal SIGTERM",
+        f"{glog(at(t + 1.3), 'E')} 9000 torch/distributed/elastic/multiprocessing/api.py:869] failed (exitcode: 1) "
+        "local_rank: 1 (pid: 9002) of binary: /usr/bin/python3"]
+    write("dcp-rankless-traceback-failed-worker", {
+        "description": "torchrun without --tee: the workers' stderr reaches the console unprefixed, so the ENOSPC traceback "
+                       "of the step-300 dcp.save names no rank; torchrun then reports local rank 1 failed with exit code 1 "
+                       "(and SIGTERMs rank 0). The traceback is rank 1's.",
+        "framework": "torch.distributed.checkpoint, torchrun",
+        "incidents": [{"kind": "storage_failure_during_save", "step": 300, "root_cause_class": "storage_error", "root_rank": 1}],
+        "must_not": must_not("storage_failure_during_save"),
+    }, files)
+
+
 if __name__ == "__main__":
     composer_scenarios()
     ray_scenario()
@@ -582,4 +614,5 @@ if __name__ == "__main__":
     k8s_scenario()
     dcp_exception_scenario()
     nccl_node_lost()
+    rankless_traceback()
     print("written under", OUT)
