@@ -8,14 +8,72 @@ broken by ``(source_id, offset)`` so the order never depends on arrival.
 
 from __future__ import annotations
 
+import bisect
 import datetime as dt
 from dataclasses import dataclass, field
 
 from ckptwatch.detectors.events import LOADING_KINDS, Ev
 from ckptwatch.detectors.incident import EvidenceItem
 
-#: progress lines kept per job (newest first to go are the oldest half)
-MAX_PROGRESS = 20_000
+#: progress lines kept per rank (past it, the oldest half goes)
+MAX_PROGRESS = 8_192
+
+
+def ev_key(ev: Ev) -> tuple:
+    """An event's place in time: ``(ts, source_id, offset)``."""
+    return (ev.ts, ev.source_id, ev.offset)
+
+
+@dataclass
+class RankProgress:
+    """One rank's progress lines in time order (kept sorted as they arrive, mostly appended),
+    so that "the first one after a time" and "the last step before a time" are binary
+    searches."""
+
+    events: list[Ev] = field(default_factory=list)
+    keys: list[tuple] = field(default_factory=list)
+
+    def add(self, ev: Ev) -> bool:
+        """Insert ``ev``; True if the oldest half was dropped to stay within :data:`MAX_PROGRESS`."""
+        k = ev_key(ev)
+        if not self.keys or k >= self.keys[-1]:
+            self.keys.append(k)
+            self.events.append(ev)
+        else:
+            i = bisect.bisect_right(self.keys, k)
+            self.keys.insert(i, k)
+            self.events.insert(i, ev)
+        if len(self.events) > MAX_PROGRESS:
+            del self.events[: MAX_PROGRESS // 2]
+            del self.keys[: MAX_PROGRESS // 2]
+            return True
+        return False
+
+    def last_step_before(self, key: tuple) -> tuple[tuple, int] | None:
+        """``(key, step)`` of the latest line with a step before ``key``, or None."""
+        i = bisect.bisect_left(self.keys, key)
+        while i > 0:
+            i -= 1
+            if self.events[i].step is not None:
+                return self.keys[i], self.events[i].step  # type: ignore[return-value]
+        return None
+
+    def first_after(self, start: Ev | None, first_ts: dt.datetime, step: int,
+                    copies: dict[str, int]) -> Ev | None:
+        """The earliest progress line after the save line ``start`` (else after ``first_ts``,
+        UTC) with a step above ``step`` or none at all (None if there is none). Lines that
+        share the start's time (undated lines inherit one) are after it only in a file where
+        they come after it (``copies``: source_id -> offset of the save line in that file)."""
+        ts = start.ts if start is not None else first_ts
+        where = dict(copies)
+        if start is not None:
+            where.setdefault(start.source_id, start.offset)
+        for ev in self.events[bisect.bisect_left(self.keys, (ts,)):]:
+            if ev.ts == ts and not (ev.source_id in where and ev.offset > where[ev.source_id]):
+                continue
+            if ev.step is None or ev.step > step:
+                return ev
+        return None
 
 
 @dataclass
@@ -43,10 +101,13 @@ class JobState:
     loading: list[Ev] = field(default_factory=list)
     #: its checkpoint verifications (``integrity`` events), for :mod:`.integrity_incidents`
     integrity: list[Ev] = field(default_factory=list)
-    #: its progress lines (``metric`` events, deduplicated), the newest :data:`MAX_PROGRESS`: a save
-    #: without an end line ends at its rank's next one, a save line without a step takes the last one's
-    progress: list[Ev] = field(default_factory=list)
-    _progress_seen: set[str] = field(default_factory=set)
+    #: its progress lines (``metric`` events, deduplicated) per rank, in time order, the newest
+    #: :data:`MAX_PROGRESS` of each: a save without an end line ends at its rank's next one, a
+    #: save line without a step takes the rank's last one's
+    progress_by_rank: dict[int, RankProgress] = field(default_factory=dict)
+    #: implicit save ends found once (step, rank, dedup key of the start) -> the progress line: they
+    #: stay found when that line is later dropped from a long job's progress
+    implicit_memo: dict[tuple[int, int, str], Ev] = field(default_factory=dict)
     #: highest rank / local rank any event of the job carried (-1: none): 0 means one process
     max_rank: int = -1
     #: a line of a node other than the first carried no host: unlabelled local ranks map to nothing
@@ -62,7 +123,7 @@ class JobState:
         self._learn(ev)
         if ev.kind == "metric":
             rank = self.rank_of(ev)
-            self._add_progress(ev)
+            self._add_progress(ev, 0 if rank is None else rank)
             self._add_loss(ev, rank)
             if rank is not None and ev.step is not None and ev.step >= self.last_metric_step.get(rank, -1):
                 self.last_metric_step[rank] = ev.step
@@ -90,14 +151,18 @@ class JobState:
             self.integrity.append(ev)
         return True
 
-    def _add_progress(self, ev: Ev) -> None:
-        if ev.dedup_key in self._progress_seen:
-            return
-        self._progress_seen.add(ev.dedup_key)
-        self.progress.append(ev)
-        if len(self.progress) > MAX_PROGRESS:  # old saves are long concluded: keep the newest half
-            del self.progress[: MAX_PROGRESS // 2]
-            self._progress_seen = {e.dedup_key for e in self.progress}
+    def _add_progress(self, ev: Ev, rank: int) -> None:
+        """File ``ev`` under its rank (the same line read twice, console and rank file, may be
+        kept twice: harmless for "the next progress line" and "the last step")."""
+        bucket = self.progress_by_rank.get(rank)
+        if bucket is None:
+            bucket = self.progress_by_rank[rank] = RankProgress()
+        bucket.add(ev)  # past MAX_PROGRESS the oldest half goes: their saves' implicit ends are memoized
+
+    @property
+    def progress(self) -> list[Ev]:
+        """Every kept progress line, rank by rank."""
+        return [e for b in self.progress_by_rank.values() for e in b.events]
 
     def _add_loss(self, ev: Ev, rank: int | None) -> None:
         loss = ev.attrs.get("loss")

@@ -28,12 +28,11 @@ a node without a host label) is not expected to say anything.
 
 from __future__ import annotations
 
-import bisect
 import datetime as dt
 from dataclasses import dataclass, field
 
 from ckptwatch.detectors.events import FAILURE_KINDS, Ev
-from ckptwatch.detectors.jobstate import JobState
+from ckptwatch.detectors.jobstate import JobState, ev_key as _key
 
 _SAVE_KINDS = ("save_start", "save_end", "save_error")
 
@@ -84,10 +83,6 @@ def _better_path(a: str | None, b: str | None) -> str | None:
     return a if len(a) >= len(b) else b
 
 
-def _key(ev: Ev) -> tuple:
-    return (ev.ts, ev.source_id, ev.offset)
-
-
 def _before(a: Ev, b: Ev) -> bool:
     """``a`` came before ``b``: by time, and for lines that share a time (undated lines
     inherit one) by their order in one file; in two files such lines are not ordered, so
@@ -99,28 +94,33 @@ def _before(a: Ev, b: Ev) -> bool:
 
 def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
     """All saves of a job by step, with expected ranks and implicit ends filled in.
-    ``events``: the job's events in time order (metrics come from ``state.progress``).
-    A step saved again after the job failed or resumed (a restarted process writing the
-    same step) is a new attempt: the earlier, unfinished one is kept under a negative key
-    (its ``step`` is the step)."""
+    ``events``: the job's events in time order (progress lines are in
+    ``state.progress_by_rank``). A step saved again after the job failed or resumed (a
+    restarted process writing the same step) is a new attempt: the earlier, unfinished one is
+    kept under a negative key (its ``step`` is the step)."""
     saves: dict[int, SaveState] = {}
-    progress: dict[int, _Progress] = {}  # rank -> its progress lines, in time order
+    progress = state.progress_by_rank
     failures: list[Ev] = []  # job failures, in time order
     ends: list[Ev] = []  # the trainer said training finished
-    last_step: dict[int, int] = {}  # rank -> its last logged step, as of the event at hand
+    started_step: dict[int, tuple[tuple, int]] = {}  # rank -> (key, step) of its latest save line with a step
     open_save: dict[int, int] = {}  # rank -> the step of its latest started save not ended
     restarts: list[dt.datetime] = []  # deaths, loads and resumes: after one, a save of the same step is a new attempt
     abandoned: list[SaveState] = []  # earlier attempts of a step saved again after a restart
-    timeline = sorted([*events, *state.progress], key=_key)
-    for ev in timeline:
-        if ev.kind == "metric" or (ev.kind == "save_start" and ev.step is not None):
-            r = state.main_rank_of(ev)
-            if ev.kind == "metric":
-                progress.setdefault(r, _Progress()).add(ev)
-            if ev.step is not None:
-                last_step[r] = ev.step
-            if ev.kind == "metric":
-                continue
+
+    def last_step(rank: int, key: tuple, *, anyone: bool) -> int | None:
+        """The rank's last logged step before ``key`` (a progress line or a save line with a
+        step), else (``anyone``) the latest of any rank's."""
+        ranks = [rank] if rank in progress or rank in started_step or not anyone else []
+        if anyone and not ranks:
+            ranks = list(set(progress) | set(started_step))
+        best: tuple[tuple, int] | None = None
+        for r in ranks:
+            for cand in (progress[r].last_step_before(key) if r in progress else None, started_step.get(r)):
+                if cand is not None and cand[0] < key and (best is None or cand[0] > best[0]):
+                    best = cand
+        return best[1] if best is not None else None
+
+    for ev in events:
         if ev.kind == "job_end":
             ends.append(ev)
         during_save = ev.attrs.get("during") == "save" and ev.kind in FAILURE_KINDS
@@ -134,11 +134,13 @@ def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
         step = ev.step
         if step is None:
             if ev.kind == "save_start":
-                step = last_step.get(rank, max(last_step.values(), default=None))
+                step = last_step(rank, _key(ev), anyone=True)
             else:
-                step = open_save.get(rank, last_step.get(rank, max(last_step.values(), default=None)))
+                step = open_save.get(rank, last_step(rank, _key(ev), anyone=True))
         if step is None:
             continue
+        if ev.kind == "save_start" and ev.step is not None:
+            started_step[rank] = (_key(ev), ev.step)
         s = saves.setdefault(step, SaveState(step=step))
         if ev.kind == "save_start" and rank in s.started and rank not in s.finished and rank not in s.failed:
             since = s.started[rank].ts
@@ -180,14 +182,17 @@ def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
         is_async = any(e.attrs.get("async") for e in s.started.values())
         for rank in s.expected - set(s.finished):
             start_ev = s.started.get(rank)
-            went_on = None
-            if not is_async and rank in progress:
+            memo = (s.step, rank, start_ev.dedup_key if start_ev is not None else "")
+            went_on = state.implicit_memo.get(memo)
+            if went_on is None and not is_async and rank in progress:
                 where = state.copies.get(start_ev.dedup_key, {}) if start_ev is not None else {}
                 went_on = progress[rank].first_after(start_ev, s.first_ts, s.step, where)
             if went_on is None or (ended is not None and ended.ts < went_on.ts):
                 went_on = ended
             if went_on is not None and (failed_at is None or _before(went_on, failed_at)):
                 s.implicit[rank] = went_on
+                if went_on.kind == "metric":
+                    state.implicit_memo[memo] = went_on
         # a later save of the same rank that started before any failure also ends this one
         if not is_async:
             for rank in s.expected - s.done_ranks:
@@ -197,34 +202,3 @@ def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
                 if nxt is not None and (failed_at is None or _before(nxt, failed_at)):
                     s.implicit[rank] = nxt
     return saves
-
-
-@dataclass
-class _Progress:
-    """One rank's progress lines in time order, so that "the first one after time t" is a
-    binary search."""
-
-    events: list[Ev] = field(default_factory=list)
-    keys: list[tuple] = field(default_factory=list)
-
-    def add(self, ev: Ev) -> None:
-        self.events.append(ev)
-        self.keys.append(_key(ev))
-
-    def first_after(self, start: Ev | None, first_ts: dt.datetime, step: int,
-                    copies: dict[str, int]) -> Ev | None:
-        """The earliest progress line after the save line ``start`` (else after ``first_ts``,
-        UTC) with a step above ``step`` or none at all (None if there is none). Lines that
-        share the start's time (undated lines inherit one) are after it only in a file where
-        they come after it (``copies``: source_id -> offset of the save line in that file)."""
-        ts = start.ts if start is not None else first_ts
-        where = dict(copies)
-        if start is not None:
-            where.setdefault(start.source_id, start.offset)
-        i = bisect.bisect_left(self.keys, (ts,))
-        for ev in self.events[i:]:
-            if ev.ts == ts and not (ev.source_id in where and ev.offset > where[ev.source_id]):
-                continue
-            if ev.step is None or ev.step > step:
-                return ev
-        return None
