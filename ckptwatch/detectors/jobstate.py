@@ -33,8 +33,8 @@ class RankProgress:
     events: list[Ev] = field(default_factory=list)
     keys: list[tuple] = field(default_factory=list)
 
-    def add(self, ev: Ev) -> bool:
-        """Insert ``ev``; True if the oldest half was dropped to stay within :data:`MAX_PROGRESS`."""
+    def add(self, ev: Ev) -> None:
+        """Insert ``ev``; past :data:`MAX_PROGRESS` the oldest half goes."""
         k = ev_key(ev)
         if not self.keys or k >= self.keys[-1]:
             self.keys.append(k)
@@ -46,8 +46,6 @@ class RankProgress:
         if len(self.events) > MAX_PROGRESS:
             del self.events[: MAX_PROGRESS // 2]
             del self.keys[: MAX_PROGRESS // 2]
-            return True
-        return False
 
     def last_step_before(self, key: tuple) -> tuple[tuple, int] | None:
         """``(key, step)`` of the latest line with a step before ``key``, or None."""
@@ -190,20 +188,14 @@ class JobState:
             ws = ev.attrs.get("world_size")
             if isinstance(ws, int) and ws > 0:
                 self.world_size = max(self.world_size or 0, ws)
-        if ev.rank is None and ev.local_rank is None and ev.pid is not None and ev.pid not in self.pid_rank \
-                and ev.attrs.get("reporter") in ("shell",) and self.single_process:
-            self.pid_rank[ev.pid] = 0  # the shell names the one process of a single-process job
-            self.rank_pid.setdefault(0, ev.pid)
-        if ev.rank is None and ev.local_rank is not None and ev.pid is not None and ev.pid not in self.pid_rank \
-                and ev.kind == "world_size":
-            r = self.rank_of(ev)  # a launcher's "process N spawned ... --local_rank=1" on a one-host job
-            if r is not None:
-                self.pid_rank[ev.pid] = r
-                self.rank_pid.setdefault(r, ev.pid)
+        if ev.rank is None and ev.pid is not None and ev.pid not in self.pid_rank:
+            if ev.local_rank is None and ev.attrs.get("reporter") == "shell" and self.single_process:
+                self._map_pid(ev.pid, 0)  # the shell names the one process of a single-process job
+            elif ev.local_rank is not None and ev.kind == "world_size" and (r := self.rank_of(ev)) is not None:
+                self._map_pid(ev.pid, r)  # a launcher's "process N spawned ... --local_rank=1" on a one-host job
         if ev.rank is not None:
             if ev.pid is not None:
-                self.pid_rank[ev.pid] = ev.rank
-                self.rank_pid.setdefault(ev.rank, ev.pid)
+                self._map_pid(ev.pid, ev.rank)
             if ev.host:
                 self.rank_host.setdefault(ev.rank, ev.host)
             if ev.local_rank is not None:
@@ -213,6 +205,10 @@ class JobState:
                     self.unlabelled_nodes = True
                 else:
                     self.local_to_rank[(ev.host, ev.local_rank)] = ev.rank
+
+    def _map_pid(self, pid: int, rank: int) -> None:
+        self.pid_rank[pid] = rank
+        self.rank_pid.setdefault(rank, pid)
 
     @property
     def single_process(self) -> bool:

@@ -179,10 +179,10 @@ class Detector:
                 still_open = still_open or inc.kind == "stalled_save"
             changed += self._finished_stalls(job, {i.id for i in found})
             concluded = {i.step for i in found if i.kind != "stalled_save"}
-            self._open_saves[job] = sum(1 for s in saves.values() if not s.complete and s.step not in concluded)
-            self._unfinished[job] = sorted((s.step, s.path) for s in saves.values()
-                                           if not s.complete and s.step not in concluded and s.step not in
-                                           {i.step for i in found})
+            open_saves = [s for s in saves.values() if not s.complete and s.step not in concluded]
+            self._open_saves[job] = len(open_saves)
+            stalled = {i.step for i in found}
+            self._unfinished[job] = sorted((s.step, s.path) for s in open_saves if s.step not in stalled)
             if not final and (still_open or self._open_saves[job]):
                 continue  # keep evaluating as the watermark moves
             self._dirty.discard(job)

@@ -333,11 +333,9 @@ class RuleSet:
         groups = hit.select(pl.col("line").str.extract_groups(rule.pattern).alias("g")).unnest("g")
         df = hit
         for name, dtype in _COLUMN_GROUPS.items():
-            alts = [c for c in groups.columns if c == name or (c.startswith(name + "__") and c[len(name) + 2:].isdigit())]
-            if not alts:
+            if not _alternatives(groups, name):
                 continue
-            col = groups[alts[0]] if len(alts) == 1 else groups.select(pl.coalesce(alts)).to_series()
-            captured = col.str.strip_chars().cast(dtype, strict=False)
+            captured = _coalesced(groups, name).str.strip_chars().cast(dtype, strict=False)
             if name in df.columns:  # a value in the line beats a label from path or prefix
                 df = df.with_columns(pl.coalesce(captured, pl.col(name)).alias(name))
             else:
@@ -351,11 +349,10 @@ class RuleSet:
             )
         attr_names = list(dict.fromkeys(c.split("__")[0] for c in groups.columns
                                          if c.split("__")[0] not in _COLUMN_GROUPS and c != "ts"))
-        attr_cols = attr_names
         attrs_df = pl.DataFrame([_cast_attr(_coalesced(groups, n)) for n in attr_names]) if attr_names else pl.DataFrame()
         static = rule.attrs
         attrs_json = []
-        rows = attrs_df.to_dicts() if attr_cols else [{} for _ in range(hit.height)]
+        rows = attrs_df.to_dicts() if attr_names else [{} for _ in range(hit.height)]
         multi = hit["line"].str.contains("\n", literal=True)
         during = self._during(hit["line"], multi) if multi.any() else [None] * hit.height
         at_line = _match_lines(hit["line"], rule.pattern, multi) if multi.any() else [0] * hit.height
@@ -408,10 +405,15 @@ class RuleSet:
         return out
 
 
+def _alternatives(groups: pl.DataFrame, name: str) -> list[str]:
+    """The columns of an extract that fill ``name``: itself and its ``name__N`` alternatives."""
+    return [c for c in groups.columns if c == name or (c.startswith(name + "__") and c[len(name) + 2:].isdigit())]
+
+
 def _coalesced(groups: pl.DataFrame, name: str) -> pl.Series:
     """Group ``name`` of an extract, with its ``name__N`` alternatives filled in."""
-    alts = [c for c in groups.columns if c == name or (c.startswith(name + "__") and c[len(name) + 2:].isdigit())]
-    return groups[name] if alts == [name] else groups.select(pl.coalesce(alts).alias(name)).to_series()
+    alts = _alternatives(groups, name)
+    return groups[alts[0]].alias(name) if len(alts) == 1 else groups.select(pl.coalesce(alts).alias(name)).to_series()
 
 
 def _match_lines(lines: pl.Series, pattern: str, multi: pl.Series) -> list[int]:
