@@ -67,3 +67,30 @@ def discover(paths: Iterable[str], *, archives: bool = False) -> list[Found]:
                 seen.add(real)
                 out.append(Found(c))
     return out
+
+
+def covers(paths: Iterable[str], path: str, *, archives: bool = False) -> bool:
+    """True if :func:`discover` over ``paths`` would take the file at ``path`` now (named
+    directly, under a walked directory and not skipped, or matched by a glob pattern). For
+    a file that appeared after a listing, without listing everything again (glob patterns
+    are expanded, so keep this off hot paths)."""
+    skip = tuple(s for s in SKIP_SUFFIXES if not (archives and s in ARCHIVE_SUFFIXES))
+    real = os.path.realpath(path)
+    for p in paths:
+        if os.path.isfile(p):
+            if os.path.realpath(p) == real:
+                return True
+        elif os.path.isdir(p):
+            rel = os.path.relpath(path, p)
+            parts = rel.split(os.sep)
+            if rel.startswith(os.pardir) or any(x.startswith(".") for x in parts) or parts[-1].endswith(skip):
+                continue
+            parent, ok = p, True
+            for d in parts[:-1]:
+                parent = os.path.join(parent, d)
+                ok = ok and not os.path.islink(parent)
+            if ok:
+                return True
+        elif any(c in p for c in "*?[") and real in {os.path.realpath(m) for m in glob.glob(p, recursive=True)}:
+            return True
+    return False

@@ -235,6 +235,11 @@ class FileTail:
         return SourceCheckpoint(self.source_id, self.path, self.committed_offset, self.job,
                                 identity.head_hash(self.head))
 
+    def prefix_sha256(self) -> str | None:
+        """Hex SHA-256 of the bytes ``[0, offset)`` read so far, None if not known (the
+        tail started at an offset > 0)."""
+        return None if self._digest is None else self._digest.copy().hexdigest()
+
     def last_write_ns(self) -> int | None:
         """The open file's mtime (ns), None if it is not open or cannot be stat'ed."""
         try:

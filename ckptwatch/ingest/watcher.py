@@ -49,6 +49,7 @@ dropped; a dropped file's entry goes with it (it was read to its end).
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import os
 import re
 import stat
@@ -106,6 +107,7 @@ class SourceWatcher:
             sid: (rotation.Superseded(c), 0) for sid, c in (committed or {}).items()}
         self._retired: set[str] = set()  # ids of dropped files: a new file reusing the inode gets another
         self._dropped: dict[Key, tuple[int, int]] = {}  # dropped file -> (size, mtime_ns) when dropped
+        self._missing_since: dict[Key, dt.datetime] = {}  # followed file -> first poll no watched path had it
         self._gone: set[Key] = set()  # followed files no watched path points at any more (siblings looked at)
         self._rejected: dict[Key, tuple[int, int]] = {}  # unreadable file -> (size, mtime_ns) when tried
         self._reported: set[str] = set()
@@ -132,6 +134,9 @@ class SourceWatcher:
         now = now or dt.datetime.now(dt.timezone.utc)
         self._polls += 1
         at = self._discover()
+        if self._missing_but_linked(at):  # listed before a rename and stat'ed after it: look once more
+            for key, found in self._discover().items():
+                at.setdefault(key, found)
         if self._polls == 1:
             self._find_moved(at, final=final)
         frames = []
@@ -142,6 +147,9 @@ class SourceWatcher:
                 continue
             if where is not None:
                 tail.path = where[0]
+                self._missing_since.pop(key, None)
+            else:
+                self._missing_since.setdefault(key, now)
             truncated: list[rotation.Superseded] = []
             frames.append(self._poll_tail(tail, final=final, now=now, superseded=truncated))
             if truncated:
@@ -152,7 +160,7 @@ class SourceWatcher:
                 self._gone.add(key)
                 frames += self._read_rotated_siblings(tail.path, at, since_ns=tail.last_write_ns(),
                                                       truncated=False, final=final, now=now)
-            if where is None and (final or tail.idle_seconds(now) >= self.flush_after):
+            if where is None and (final or self._unwatched_for(key, tail, now) >= self.flush_after):
                 if not final:
                     frames.append(self._poll_tail(tail, final=True, now=now))
                 self._drop(key)
@@ -346,12 +354,30 @@ class SourceWatcher:
         """Continue ``tail`` from a checkpoint of its own id (any generation); False if none."""
         assert tail.key is not None and tail.head is not None
         ids = identity.generation_ids(*tail.key, tail.head)
-        known = [g for g, sid in enumerate(ids) if sid in self._unfollowed]
+        known = [g for g, sid in enumerate(ids) if sid in self._unfollowed
+                 and self._same_prefix(tail, self._unfollowed[sid][0])]
         if not known:
             return False
         gen, _ = self._unfollowed.pop(ids[known[-1]])
         tail.resume(offset=gen.checkpoint.offset, job=gen.checkpoint.job, generation=known[-1])
         return True
+
+    @staticmethod
+    def _same_prefix(tail: FileTail, gen: rotation.Superseded) -> bool:
+        """True unless the hash of the bytes read from ``gen`` is known and the file of
+        ``tail`` holds other bytes before ``gen``'s offset (its inode was reused by a new
+        file with the same first line)."""
+        if gen.prefix_sha256 is None:
+            return True
+        assert tail.handle is not None
+        try:
+            if os.fstat(tail.handle.fileno()).st_size < gen.checkpoint.offset:
+                return False
+            digest = hashlib.sha256()
+            rotation.update_digest(digest, tail.handle, 0, gen.checkpoint.offset)
+        except OSError:
+            return False
+        return digest.hexdigest() == gen.prefix_sha256
 
     def _rotated_siblings(self, path: str, at: Mapping[Key, object]) -> list[tuple[str, Key, os.stat_result]]:
         """The regular files next to ``path`` under a rotated name of it (``train.log.1``,
@@ -408,10 +434,12 @@ class SourceWatcher:
             self._tails[key] = tail
             self.stats.files += 1
             frames.append(self._poll_tail(tail, final=final or truncated, now=now))
-            if truncated:
-                self._drop(key)
-            else:
+            if truncated and not discovery.covers(self.paths, cand, archives=self.archives):
+                self._drop(key)  # read to its end; the next rotation may rewrite it in place
+            elif not truncated:
                 self._gone.add(key)
+            # else a copy that appeared under a watched path after this poll's listing: the
+            # next poll finds it there and follows it on, under the same id
         return frames
 
     def _poll_tail(self, tail: FileTail, *, final: bool, now: dt.datetime,
@@ -452,17 +480,51 @@ class SourceWatcher:
                                              f"longer than {tail.max_line_bytes} bytes")
         return recs
 
+    def _missing_but_linked(self, at: Mapping[Key, object]) -> bool:
+        """True if a followed file is missing from ``at`` but still has a name (it was
+        renamed, not deleted): a rename between a directory listing and its ``stat``
+        (logrotate's ``.1 -> .2`` shift) hides a file from one discovery pass. A file
+        not held open (after a ``final`` poll) may still have one too."""
+        for key, tail in self._tails.items():
+            if key in at or key in self._gone:
+                continue
+            if tail.handle is None:
+                return True
+            try:
+                if os.fstat(tail.handle.fileno()).st_nlink > 0:
+                    return True
+            except OSError:
+                continue
+        return False
+
+    def _unwatched_for(self, key: Key, tail: FileTail, now: dt.datetime) -> float:
+        """Seconds for which the followed file ``key`` has been both idle and under no
+        watched path (a file that went quiet long ago and was renamed a moment ago has
+        not been unwatched for long: the next poll may find it under its new name)."""
+        since = self._missing_since.get(key, now)
+        return min(tail.idle_seconds(now), (now - since).total_seconds())
+
     def _drop(self, key: Key) -> None:
-        """Stop following a file read to its end: close it, retire its ids."""
+        """Stop following a file read to its end: close it, retire its ids. A file that
+        still has a name keeps its read offset among the unfollowed sources (with a hash of
+        the bytes read, when known) for ``forget_after_polls`` polls and in the checkpoints
+        persisted meanwhile: if a watched path turns out to hold it after all, it goes on
+        from there under the same id instead of being read again."""
         tail = self._tails.pop(key)
         self._retired.update(tail.used_ids)
         self._gone.discard(key)
+        self._missing_since.pop(key, None)
+        linked, mtime_ns = True, None  # a file not held open may still have a name
         try:
             if tail.handle is not None:
                 st = os.fstat(tail.handle.fileno())
                 self._dropped[key] = (st.st_size, st.st_mtime_ns)
+                linked, mtime_ns = st.st_nlink > 0, st.st_mtime_ns
         except OSError:
             pass
+        ckpt = tail.checkpoint()
+        if linked and ckpt is not None:
+            self._unfollowed[ckpt.source_id] = (rotation.Superseded(ckpt, tail.prefix_sha256(), mtime_ns), self._polls)
         tail.close()
 
     def _forget(self) -> None:
