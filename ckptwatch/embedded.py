@@ -78,10 +78,14 @@ class EmbeddedRunner:
         records = self.watcher.poll(final=final, now=now)
         events = extract_events(self.rules, records, self.stats)
         self.metrics.observe_ingest(self.stats, events)
-        changed_sources = [c for c in self.watcher.checkpoints() if self._stored.get(c.source_id) != c]
+        current = self.watcher.checkpoints()
+        changed_sources = [c for c in current if self._stored.get(c.source_id) != c]
         rows = [(c.source_id, c.path, c.offset, c.job, c.head_hash) for c in changed_sources]
-        self.store.commit_batch(events, rows)
+        forgotten = set(self._stored) - {c.source_id for c in current}  # as a checkpoint file is replaced
+        self.store.commit_batch(events, rows, unfollowed=forgotten)
         self._stored.update((c.source_id, c) for c in changed_sources)
+        for sid in forgotten:
+            del self._stored[sid]
         if not events.is_empty():
             self.detector.process(events.iter_rows(named=True), now=now)
         changed = self.detector.advance(final=final and not self.watcher.backlog, now=now)

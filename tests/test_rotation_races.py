@@ -176,3 +176,25 @@ def test_embedded_events_table_holds_each_line_once_across_copytruncate_and_rest
     r.close()
     want = collections.Counter(f"{t} step={i} loss=0.5" for t, n in (("a", 6), ("b", 2)) for i in range(n))
     assert stored_lines(db) == want
+
+
+def test_embedded_resumes_only_what_tailing_still_follows(tmp_path):
+    """The sources table is the embedded pipeline's checkpoint file: an entry tailing forgot
+    (a truncated generation whose copy took over, at the offset it had before the
+    truncation) must not be resumed by a restart, or the copy's lines after it come again."""
+    from ckptwatch.embedded import EmbeddedRunner
+
+    logs, db = tmp_path / "logs", tmp_path / "out.duckdb"
+    logs.mkdir()
+    log = logs / "train.log"
+    log.write_text(metric_lines("a", 5))
+    r = EmbeddedRunner(str(logs), str(db))
+    r.cycle(now=at(0))
+    append(log, metric_lines("a", 1, start=5))
+    copytruncate(log, metric_lines("b", 2))
+    for t in range(1, 9):
+        r.cycle(now=at(t))
+    live = {c.source_id: c.offset for c in r.watcher.checkpoints()}
+    assert {sid: off for sid, _f, off, _j, _h in r.store.sources()} == live
+    assert sorted(live.values()) == [len(metric_lines("b", 2)), len(metric_lines("a", 6))]
+    r.close()

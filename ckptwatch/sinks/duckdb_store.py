@@ -7,7 +7,8 @@ Tables (timestamps are ``TIMESTAMPTZ``, UTC):
   bytes inserts nothing.
 * ``sources``: ``source_id`` -> ``file``, ``committed_offset`` (where tailing resumes),
   the ``job`` learned from the file's lines and ``head_hash`` (hex SHA-256 of the file's
-  first line, to recognize a ``copytruncate`` copy after a restart). Written in the same
+  first line, to recognize a ``copytruncate`` copy after a restart), ``followed`` (False
+  once tailing forgot the source: a restart does not resume it). Written in the same
   transaction as the events read up to it.
 * ``incidents``: one row per incident id (upsert; ``detected_ts`` keeps its first value);
   root cause and last good checkpoint flattened into columns for SQL, the full shapes
@@ -39,6 +40,7 @@ CREATE TABLE IF NOT EXISTS sources (
     source_id VARCHAR PRIMARY KEY, file VARCHAR, committed_offset BIGINT, job VARCHAR, updated_ts TIMESTAMPTZ,
     head_hash VARCHAR);
 ALTER TABLE sources ADD COLUMN IF NOT EXISTS head_hash VARCHAR;
+ALTER TABLE sources ADD COLUMN IF NOT EXISTS followed BOOLEAN DEFAULT TRUE;
 CREATE TABLE IF NOT EXISTS incidents (
     id VARCHAR PRIMARY KEY, kind VARCHAR, severity VARCHAR, status VARCHAR, job VARCHAR, step BIGINT,
     checkpoint_path VARCHAR, root_cause_class VARCHAR, root_rank INTEGER, root_host VARCHAR, root_pid BIGINT,
@@ -72,17 +74,22 @@ class Store:
     def close(self) -> None:
         self.con.close()
 
-    def commit_batch(self, events: pl.DataFrame, offsets: Iterable[SourceRow]) -> int:
+    def commit_batch(self, events: pl.DataFrame, offsets: Iterable[SourceRow], *,
+                     unfollowed: Iterable[str] = ()) -> int:
         """Insert events (EVENT_SCHEMA) and the sources' committed offsets
-        ``(source_id, file, offset, job[, head_hash])`` in one transaction. Returns the
-        number of new events."""
+        ``(source_id, file, offset, job[, head_hash])`` in one transaction; the sources
+        ``unfollowed`` (ids tailing forgot) are kept as history but no longer resumed.
+        Returns the number of new events."""
         now = dt.datetime.now(dt.timezone.utc)
         with self.transaction():
             added = self._insert_events(events)
             rows = [(sid, f, off, job, now, rest[0] if rest else None) for sid, f, off, job, *rest in offsets]
             if rows:
                 self.con.executemany("INSERT OR REPLACE INTO sources (source_id, file, committed_offset, job, "
-                                     "updated_ts, head_hash) VALUES (?, ?, ?, ?, ?, ?)", rows)
+                                     "updated_ts, head_hash, followed) VALUES (?, ?, ?, ?, ?, ?, TRUE)", rows)
+            gone = [(now, sid) for sid in unfollowed]
+            if gone:
+                self.con.executemany("UPDATE sources SET followed = FALSE, updated_ts = ? WHERE source_id = ?", gone)
         return added
 
     def committed_offsets(self) -> dict[str, tuple[int, str | None]]:
@@ -91,8 +98,10 @@ class Store:
         return {sid: (off, job) for sid, off, job in rows}
 
     def sources(self) -> list[tuple[str, str, int, str | None, str | None]]:
-        """Every source: ``(source_id, file, committed_offset, job, head_hash)``."""
-        return self.con.execute("SELECT source_id, file, committed_offset, job, head_hash FROM sources").fetchall()
+        """The sources tailing still follows (where a restart resumes):
+        ``(source_id, file, committed_offset, job, head_hash)``."""
+        return self.con.execute("SELECT source_id, file, committed_offset, job, head_hash FROM sources "
+                                "WHERE followed IS NOT FALSE").fetchall()
 
     def events(self) -> pl.DataFrame:
         """All stored events (EVENT_SCHEMA), in ``(ts, source_id, offset)`` order."""
