@@ -15,6 +15,15 @@ Tables (timestamps are ``TIMESTAMPTZ``, UTC):
   as JSON.
 * ``incident_evidence``: ``(incident_id, seq)`` -> the cited event's
   ``(source_id, offset)``, role, time, rank and line.
+* ``released_jobs``: jobs the detector released (concluded and idle): ``job`` -> newest
+  event time ``max_ts`` and when (``released_ts``); a restart does not replay their events.
+* ``detector_state``: ``name`` -> JSON; ``registry``: the checkpoint registry as of the
+  last release (:meth:`CheckpointRegistry.to_dict
+  <ckptwatch.detectors.checkpoints.CheckpointRegistry.to_dict>`).
+
+The tables hold raw log lines (secrets included: redaction applies to alerts only), so the
+database file and its ``.wal`` are private (``0600``, see :mod:`ckptwatch.private_files`):
+created under umask 077, tightened when opened and after every transaction.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ from collections.abc import Iterable, Iterator, Mapping
 import duckdb
 import polars as pl
 
+from ckptwatch import private_files
 from ckptwatch.detectors.incident import Incident
 from ckptwatch.schema import EVENT_SCHEMA
 
@@ -51,9 +61,15 @@ CREATE TABLE IF NOT EXISTS incident_evidence (
     incident_id VARCHAR, seq INTEGER, source_id VARCHAR, "offset" BIGINT, role VARCHAR, ts TIMESTAMPTZ,
     kind VARCHAR, rank INTEGER, host VARCHAR, rule_id VARCHAR, line VARCHAR,
     PRIMARY KEY (incident_id, seq));
+CREATE TABLE IF NOT EXISTS released_jobs (
+    job VARCHAR PRIMARY KEY, max_ts TIMESTAMPTZ, released_ts TIMESTAMPTZ);
+CREATE TABLE IF NOT EXISTS detector_state (name VARCHAR PRIMARY KEY, doc JSON, updated_ts TIMESTAMPTZ);
 CREATE TABLE IF NOT EXISTS kafka_offsets (
     topic VARCHAR, "partition" INTEGER, next_offset BIGINT, updated_ts TIMESTAMPTZ, PRIMARY KEY (topic, "partition"));
 """
+
+#: DuckDB's memory limit while a restart reads the events to replay (it spills past it)
+REPLAY_MEMORY_LIMIT = "64MB"
 
 #: A source's row: ``(source_id, file, committed_offset, job)``, optionally ``head_hash`` last.
 SourceRow = tuple[str, str, int, str | None] | tuple[str, str, int, str | None, str | None]
@@ -67,9 +83,17 @@ class Store:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.con = duckdb.connect(path)
-        self.con.execute(_DDL)
+        with private_files.private_umask():  # the file and its first WAL are created 0600
+            self.con = duckdb.connect(path)
+            self.con.execute(_DDL)
+        self._private()
         self._depth = 0  # nesting of transaction()
+
+    def _private(self) -> None:
+        """The database file and its WAL (re-created after each checkpoint) made ``0600``."""
+        if not self.path.startswith(":memory:"):
+            for p in (self.path, self.path + ".wal"):
+                private_files.tighten(p)
 
     def close(self) -> None:
         self.con.close()
@@ -108,6 +132,53 @@ class Store:
         df = self.con.sql(f'SELECT {_EVENT_COLS} FROM events ORDER BY ts, source_id, "offset"').pl()
         return df.with_columns(pl.col("attrs").cast(pl.Utf8)).cast(EVENT_SCHEMA)  # type: ignore[arg-type]
 
+    def events_to_replay(self) -> pl.DataFrame:
+        """The stored events a restarted detector needs (EVENT_SCHEMA, in ``(ts, source_id,
+        offset)`` order): those of jobs not released, and of released jobs newer than their
+        tombstone. Its size follows the live jobs, not the age of the database."""
+        # a join with the (small) released_jobs as build side streams the events (a NOT EXISTS
+        # subquery held every row: 400 MB at 1 M stored events), and a memory limit keeps
+        # DuckDB's buffer pool from caching the whole table as it scans it
+        self.con.execute(f"SET memory_limit = '{REPLAY_MEMORY_LIMIT}'")
+        try:
+            df = self._replay_query()
+        finally:
+            self.con.execute("RESET memory_limit")
+        return df.with_columns(pl.col("attrs").cast(pl.Utf8)).cast(EVENT_SCHEMA)  # type: ignore[arg-type]
+
+    def _replay_query(self) -> pl.DataFrame:
+        return self.con.sql(
+            f"SELECT {', '.join('e.' + c for c in _EVENT_COLS.split(', '))} FROM events e "
+            "LEFT JOIN released_jobs r ON r.job = coalesce(e.job, 'unknown') "
+            'WHERE r.job IS NULL OR e.ts > r.max_ts ORDER BY e.ts, e.source_id, e."offset"').pl()
+
+    def save_released(self, released: Iterable[tuple[str, dt.datetime]], registry: dict) -> None:
+        """Record released jobs ``(job, newest event time)`` and the registry snapshot, in one
+        transaction."""
+        now = dt.datetime.now(dt.timezone.utc)
+        with self.transaction():
+            rows = [(job, ts, now) for job, ts in released]
+            if rows:
+                self.con.executemany("INSERT OR REPLACE INTO released_jobs VALUES (?, ?, ?)", rows)
+            self.con.execute("INSERT OR REPLACE INTO detector_state VALUES ('registry', ?, ?)",
+                             [json.dumps(registry), now])
+
+    def released(self) -> tuple[list[tuple[str, dt.datetime, dt.datetime]], dict | None]:
+        """(released jobs ``(job, max_ts, released_ts)``, the registry snapshot or None)."""
+        jobs = self.con.execute("SELECT job, max_ts, released_ts FROM released_jobs").fetchall()
+        rows = self.con.execute("SELECT doc FROM detector_state WHERE name = 'registry'").fetchall()
+        return jobs, json.loads(rows[0][0]) if rows else None
+
+    def delete_events_before(self, before: dt.datetime) -> int:
+        """Retention: delete events older than ``before`` (UTC) of released jobs and of no job
+        (host lines); a live job keeps all its events (a restart replays them). Incidents
+        keep their evidence lines. Returns how many went."""
+        with self.transaction():
+            n = self.con.execute(
+                "DELETE FROM events WHERE ts < ? AND (job IS NULL OR job IN (SELECT job FROM released_jobs))",
+                [before]).fetchall()
+        return int(n[0][0]) if n else 0
+
     def upsert_incidents(self, incidents: Iterable[Incident]) -> int:
         """Insert or update incidents and replace their evidence rows; returns how many."""
         now = dt.datetime.now(dt.timezone.utc)
@@ -141,6 +212,7 @@ class Store:
         finally:
             self._depth = 0
         self.con.execute("COMMIT")
+        self._private()
 
     def _insert_events(self, events: pl.DataFrame) -> int:
         """Insert events, ignoring ``(source_id, offset)`` already stored; returns how many were new."""

@@ -2,12 +2,12 @@
 
 A trigger prints the full text report (:func:`ckptwatch.sinks.report.render_text`), an
 escalation or re-alert prints it again under a one-line heading, a resolve prints one
-line. Log lines are redacted like on every other channel.
+line. The incident is redacted as a whole like on every other channel (checkpoint paths,
+last good checkpoint, root cause, evidence, remediation), before anything is printed.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 
 from rich.console import Console
@@ -22,7 +22,9 @@ _HEADING = {"escalate": "severity rose", "realert": "still open", "update": "roo
 
 
 class ConsoleChannel:
-    """Writes to ``console`` (stdout by default); never fails."""
+    """Writes to ``console`` (stdout by default); never fails. A re-print is harmless."""
+
+    idempotent = True
 
     def __init__(self, name: str, *, redactor: Redactor, console: Console | None = None) -> None:
         self.name, self.redactor = name, redactor
@@ -30,7 +32,8 @@ class ConsoleChannel:
         self._lock = threading.Lock()  # deliveries run on worker threads: one report at a time
 
     def deliver(self, n: Notification) -> Outcome:
-        inc = n.incident
+        """Print the report (or the resolve line) of ``n``'s redacted incident."""
+        inc = self.redactor.incident(n.incident)
         with self._lock:
             if n.action == "resolve":
                 self.console.print(f"[green]{inc.status}[/green] {escape(inc.kind)}: job {escape(str(inc.job))} "
@@ -38,10 +41,5 @@ class ConsoleChannel:
                 return Outcome("sent")
             if n.action in _HEADING:
                 self.console.print(f"[bold]{_HEADING[n.action]}:[/bold] incident {inc.id}")
-            rc = inc.root_cause
-            if rc and rc.line:
-                rc = dataclasses.replace(rc, line=self.redactor.redact(rc.line))
-            evidence = [dataclasses.replace(e, line=self.redactor.redact(e.line)) for e in inc.evidence]
-            report.render_text([dataclasses.replace(inc, root_cause=rc, evidence=evidence,
-                                                    remediation=self.redactor.redact(inc.remediation))], self.console)
+            report.render_text([inc], self.console)
         return Outcome("sent")

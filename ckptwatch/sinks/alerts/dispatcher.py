@@ -4,18 +4,35 @@
 transaction that stores it) decides per channel with routing, silences and the log's
 history (:func:`~.dedup.decide`) and queues notifications in the log. :meth:`Alerter.step`
 (called every cycle of ``run`` / ``sink``) hands due notifications to a small thread pool
-that only does HTTP, records the outcomes on the caller's thread (the database is never
-touched from another thread), retries failures with exponential backoff (``Retry-After``
-wins, and pauses that channel), and every few seconds scans for re-alerts and for muted
-incidents whose silence has ended.
+that only redacts and does HTTP, records the outcomes on the caller's thread (the database
+is never touched from another thread), retries failures with exponential backoff
+(``Retry-After`` wins, and pauses that channel), and every few seconds scans for re-alerts
+and for muted incidents whose silence has ended.
 
-Delivery is at least once: a process killed between a send and its ``sent`` mark sends
-that notification again on restart (PagerDuty folds it into one alert by dedup key;
-webhook receivers see the same ``notification_id``).
+Redaction is here, once for every channel: a channel is handed the incident with every
+string redacted and cut (:meth:`~.redact.Redactor.incident`), never the raw one, so no field
+of an incident, old or added later, can carry a secret out.
+
+Delivery is at least once, duplicates are rare and marked:
+
+* the read timeout is long (30 s by default; connect 5 s), so a slow receiver that will say
+  200 is waited for rather than sent the notification again; a 2xx status counts as sent
+  even if the response body never comes;
+* an attempt whose outcome is unknown (the request was written, no status came) is
+  retried, with a read timeout doubled per attempt (at most 4x), and recorded as
+  ``maybe_sent``;
+* before each send its start is committed to the log (``sending_ts``); a process killed
+  between a send and its outcome finds it at restart and re-sends it as ``maybe_sent``;
+* re-sends are harmless where the API has idempotency: PagerDuty folds events with the same
+  ``dedup_key`` (the incident id) into one alert, webhook requests carry an
+  ``Idempotency-Key`` header (same on every attempt of a notification). Slack incoming
+  webhooks have none: a re-sent Slack message after an unknown outcome says it may be a
+  duplicate (we prefer a possible duplicate to a lost page).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -29,6 +46,7 @@ from ckptwatch.sinks.alerts.channels import Channel
 from ckptwatch.sinks.alerts.dedup import CLOSED, decide
 from ckptwatch.sinks.alerts.http import Outcome
 from ckptwatch.sinks.alerts.notification_log import Notification, NotificationLog
+from ckptwatch.sinks.alerts.redact import Redactor
 from ckptwatch.sinks.alerts.routing import labels, routed
 from ckptwatch.sinks.alerts.settings import ChannelSpec
 from ckptwatch.sinks.alerts.silences import Silence
@@ -59,13 +77,17 @@ class Alerter:
     ``statuses``: incident ids -> current status from the database (for the scans);
     ``metrics``: an object with ``alert_sent(channel, action)``, ``alert_failed(channel,
     reason)``, ``alert_retried(channel)`` and ``set_alerts_pending(channel, n)`` (the
-    Prometheus metrics), or None; ``say``: one-line messages for the operator (failures)."""
+    Prometheus metrics), or None; ``say``: one-line messages for the operator (failures);
+    ``redactor``: applied to every incident before any channel sees it (default: the
+    packaged patterns)."""
 
     def __init__(self, log: NotificationLog, channels: Sequence[tuple[ChannelSpec, Channel]], *,
                  settings: AlertSettings, silences: Callable[[], list[Silence]] = list,
                  statuses: Callable[[list[str]], dict[str, str]] | None = None, metrics: Any = None,
-                 say: Callable[[str], None] | None = None, workers: int = 4) -> None:
+                 say: Callable[[str], None] | None = None, workers: int = 4,
+                 redactor: Redactor | None = None) -> None:
         self.log = log
+        self.redactor = redactor or Redactor.load()
         self.channels = {spec.name: (spec, ch) for spec, ch in channels}
         self.settings = settings
         self.silences = silences
@@ -154,12 +176,17 @@ class Alerter:
                 self.log.mark_failed(n.id, "rejected", f"channel {n.channel!r} is no longer configured")
                 self._failed(n, "rejected")
                 continue
-            self._inflight[n.id] = (n, self._pool.submit(entry[1].deliver, n))
+            self.log.mark_sending(n.id, now)  # committed before any byte leaves: see the module docstring
+            self._inflight[n.id] = (n, self._pool.submit(self._deliver, entry[1], n))
         if self.metrics is not None:
             pending = self.log.pending_counts()
             for name in self.channels:
                 self.metrics.set_alerts_pending(name, pending.get(name, 0))
         return work + len(self._inflight)
+
+    def _deliver(self, channel: Channel, n: Notification) -> Outcome:
+        """On a worker thread: redact the whole incident, then let the channel send it."""
+        return channel.deliver(dataclasses.replace(n, incident=self.redactor.incident(n.incident)))
 
     def _collect(self, now: dt.datetime) -> int:
         done = [nid for nid, (_, fut) in self._inflight.items() if fut.done()]
@@ -195,12 +222,15 @@ class Alerter:
         wait = backoff if out.retry_after is None else max(out.retry_after, backoff)  # a past date is no licence
         if out.retry_after is not None:
             self._paused[n.channel] = now + dt.timedelta(seconds=wait)
-        self.log.mark_retry(n.id, now + dt.timedelta(seconds=wait), out.error)
+        self.log.mark_retry(n.id, now + dt.timedelta(seconds=wait), out.error, maybe_sent=out.maybe_delivered)
         self.stats.retried += 1
         if self.metrics is not None:
             self.metrics.alert_retried(n.channel)
         if n.attempts == 0:
             self.say(f"{where}: {out.error}; retrying (next in {wait:g} s)")
+        if out.maybe_delivered and not getattr(self.channels.get(n.channel, (None, None))[1], "idempotent", True):
+            self.say(f"{where}: the receiver may have it already and cannot deduplicate: the retry is marked "
+                     "as a possible duplicate")
 
     def _failed(self, n: Notification, reason: str) -> None:
         if reason == "rejected":

@@ -1,11 +1,20 @@
 """One HTTP POST of a notification, and what the answer means for the outbox.
 
-* 2xx: ``sent``;
+* 2xx: ``sent`` (as soon as the status line says so: a response body that comes late or
+  not at all does not make it a retry, which would be a duplicate);
 * 429 (rate limited) and 408, 5xx, timeouts, refused or reset connections: ``retry``, after
   the ``Retry-After`` header when the server gave one (seconds, or an HTTP date: RFC 9110
   section 10.2.3), else after the dispatcher's backoff;
 * any other status (400 bad payload, 403 revoked token, 404 deleted webhook ...):
   ``rejected``: sending the same bytes again would fail the same way.
+
+Two timeouts (:class:`Timeouts`): ``connect`` (TCP connect, proxy tunnel and TLS handshake;
+short: nothing was sent yet, so giving up early costs nothing) and ``read`` (each wait for
+the answer once the request is written; long, so a slow receiver that will say 200 is
+waited for rather than sent the notification again). A retry whose outcome is unknown
+(:attr:`Outcome.maybe_delivered`: the request was written in full and no status came) may
+reach the receiver twice; :meth:`Timeouts.for_attempt` lengthens the read timeout on each
+retry so a slow receiver gets at most a few copies.
 
 Error texts name the status or the socket error, never the URL (a Slack webhook URL is
 itself a secret).
@@ -22,6 +31,24 @@ import urllib.request
 from dataclasses import dataclass, field
 
 USER_AGENT = "ckptwatch-alerts/0.1"
+#: Defaults, seconds (``[alerts.channels.NAME] connect_timeout`` / ``read_timeout`` override).
+CONNECT_TIMEOUT = 5.0
+READ_TIMEOUT = 30.0
+#: A retry's read timeout grows at most to this multiple of the configured one.
+READ_GROWTH_MAX = 4
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Seconds: ``connect`` (connect + TLS handshake), ``read`` (each wait for the answer)."""
+
+    connect: float = CONNECT_TIMEOUT
+    read: float = READ_TIMEOUT
+
+    def for_attempt(self, attempts: int) -> Timeouts:
+        """The timeouts of a send after ``attempts`` earlier attempts: the read timeout
+        doubles per attempt, up to :data:`READ_GROWTH_MAX` times the configured one."""
+        return Timeouts(self.connect, self.read * min(2 ** max(attempts, 0), READ_GROWTH_MAX))
 
 
 @dataclass(frozen=True)
@@ -36,11 +63,14 @@ class Request:
 @dataclass(frozen=True)
 class Outcome:
     """``status``: ``sent`` | ``retry`` | ``rejected``; ``retry_after`` in seconds when the
-    server said how long to wait; ``error`` for the log."""
+    server said how long to wait; ``error`` for the log; ``maybe_delivered``: a retry whose
+    request was written in full before the answer failed to come (timeout, reset): the
+    receiver may have acted on it."""
 
     status: str
     error: str = ""
     retry_after: float | None = None
+    maybe_delivered: bool = False
 
 
 def check_url(url: str) -> str | None:
@@ -76,23 +106,79 @@ def retry_after(value: str | None, now: dt.datetime | None = None) -> float | No
     return max(0.0, (when - now).total_seconds())
 
 
-def post(req: Request, timeout: float) -> Outcome:
-    """POST ``req`` with a ``timeout`` in seconds; never raises for network or HTTP errors."""
+class _ReadTimeout:
+    """Mixin for http.client connections: ``timeout`` (from urlopen) bounds connect, proxy
+    tunnel and TLS handshake; once connected, the socket waits ``read_timeout``."""
+
+    read_timeout: float
+    sock: object
+
+    def connect(self) -> None:
+        super().connect()  # type: ignore[misc]
+        self.sock.settimeout(self.read_timeout)  # type: ignore[attr-defined]
+
+
+class _HTTP(_ReadTimeout, http.client.HTTPConnection):
+    pass
+
+
+class _HTTPS(_ReadTimeout, http.client.HTTPSConnection):
+    pass
+
+
+def _opener(read: float) -> urllib.request.OpenerDirector:
+    """A urllib opener (environment proxies included) whose connections switch to ``read``
+    seconds once connected."""
+
+    class H(urllib.request.HTTPHandler):
+        def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+            return self.do_open(_factory(_HTTP), req)
+
+    class S(urllib.request.HTTPSHandler):
+        def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+            return self.do_open(_factory(_HTTPS), req, context=self._context)  # type: ignore[attr-defined]
+
+    def _factory(cls: type) -> object:
+        def make(*args: object, **kwargs: object) -> http.client.HTTPConnection:
+            conn = cls(*args, **kwargs)
+            conn.read_timeout = read
+            return conn
+        return make
+
+    return urllib.request.build_opener(H(), S())
+
+
+def post(req: Request, timeouts: Timeouts | float) -> Outcome:
+    """POST ``req``; never raises for network or HTTP errors. ``timeouts``: a
+    :class:`Timeouts`, or one number of seconds for both."""
+    if not isinstance(timeouts, Timeouts):
+        timeouts = Timeouts(float(timeouts), float(timeouts))
     headers = {"Content-Type": "application/json", "User-Agent": USER_AGENT, **req.headers}
     try:
         r = urllib.request.Request(req.url, data=req.body, headers=headers, method="POST")
-        with urllib.request.urlopen(r, timeout=timeout) as resp:
-            resp.read()
-            return Outcome("sent")
+        resp = _opener(timeouts.read).open(r, timeout=timeouts.connect)
     except urllib.error.HTTPError as e:
-        detail = e.read(300).decode("utf-8", "replace").strip().replace("\n", " ")
+        try:
+            detail = e.read(300).decode("utf-8", "replace").strip().replace("\n", " ")
+        except (OSError, http.client.HTTPException):
+            detail = ""
         error = f"HTTP {e.code}" + (f": {detail}" if detail else "")
         if e.code == 429 or e.code == 408 or e.code >= 500:
             return Outcome("retry", error, retry_after(e.headers.get("Retry-After")))
         return Outcome("rejected", error)
-    except urllib.error.URLError as e:
+    except urllib.error.URLError as e:  # connect, TLS or writing the request failed: not delivered
         return Outcome("retry", f"cannot connect: {e.reason}")
     except (TimeoutError, ConnectionError, http.client.HTTPException) as e:
-        return Outcome("retry", f"{type(e).__name__}: {e}".rstrip(": "))
+        # the request was written in full; the status line did not come: maybe delivered
+        what = "no answer within the read timeout (timed out)" if isinstance(e, TimeoutError) \
+            else f"{type(e).__name__}: {e}".rstrip(": ")
+        return Outcome("retry", what, maybe_delivered=True)
     except ValueError:  # a URL urllib cannot use (checked at start: should not happen); never echoed
         return Outcome("rejected", "the channel's URL cannot be used")
+    try:
+        resp.read()  # the status said 2xx (urllib raised HTTPError otherwise): delivered
+    except (OSError, http.client.HTTPException):
+        pass
+    finally:
+        resp.close()
+    return Outcome("sent")

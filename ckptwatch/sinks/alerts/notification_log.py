@@ -10,6 +10,13 @@ told about each incident). Table ``alerts``:
   that will never succeed), ``expired`` (still failing ``give_up_after`` seconds after
   ``created_ts``) or ``silenced`` (muted: recorded, not sent);
 * ``attempts``, ``last_error``, ``created_ts``, ``sent_ts`` (UTC);
+* ``sending_ts``: set (and committed) just before a send starts, cleared when its outcome is
+  recorded. Still set at startup means the process died in between: the send may have
+  reached the receiver. :meth:`NotificationLog.reset_pending` then counts it as an attempt
+  and sets ``maybe_sent``;
+* ``maybe_sent``: an earlier attempt may have been delivered (that restart, or a timeout
+  after the request was written in full). Channels without idempotency (Slack) say so in
+  the re-sent message;
 * ``incident``: the incident as queued (JSON, the ``diagnose --json`` shape), so a
   notification is delivered as it was decided even after a restart. No secret is stored:
   channels add URLs and keys when they send.
@@ -38,6 +45,8 @@ CREATE TABLE IF NOT EXISTS alerts (
     action VARCHAR NOT NULL, severity VARCHAR, status VARCHAR NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,
     next_attempt_ts TIMESTAMPTZ, last_error VARCHAR, created_ts TIMESTAMPTZ NOT NULL, sent_ts TIMESTAMPTZ,
     incident JSON);
+ALTER TABLE alerts ADD COLUMN IF NOT EXISTS sending_ts TIMESTAMPTZ;
+ALTER TABLE alerts ADD COLUMN IF NOT EXISTS maybe_sent BOOLEAN DEFAULT false;
 """
 
 ALERTING = ("trigger", "escalate", "realert", "update")
@@ -64,7 +73,9 @@ class History:
 
 @dataclass(frozen=True)
 class Notification:
-    """One row of the log, to deliver: ``incident`` is the incident as queued."""
+    """One row of the log, to deliver: ``incident`` is the incident as queued (raw: the
+    dispatcher redacts it before a channel sees it); ``maybe_sent``: an earlier attempt may
+    have been delivered (see the module docstring)."""
 
     id: int
     channel: str
@@ -72,6 +83,7 @@ class Notification:
     attempts: int
     created_ts: dt.datetime
     incident: Incident
+    maybe_sent: bool = False
 
 
 class NotificationLog:
@@ -105,8 +117,13 @@ class NotificationLog:
         return out
 
     def reset_pending(self, now: dt.datetime) -> int:
-        """Make every pending notification due ``now`` (a restart is a fresh chance, whatever
-        backoff or ``Retry-After`` was stored); returns how many."""
+        """At startup: a send that was started and never recorded (the process died) counts
+        as an attempt that may have been delivered (``maybe_sent``); then every pending
+        notification is due ``now`` (a restart is a fresh chance, whatever backoff or
+        ``Retry-After`` was stored). Returns how many were made due."""
+        self.con.execute("UPDATE alerts SET maybe_sent = true, attempts = attempts + 1, sending_ts = NULL, "
+                         "last_error = 'interrupted: the process stopped before the answer was recorded' "
+                         "WHERE sending_ts IS NOT NULL AND status = 'pending'")
         row = self.con.execute("UPDATE alerts SET next_attempt_ts = ? WHERE status = 'pending' AND next_attempt_ts > ? "
                                "RETURNING id", [now, now]).fetchall()
         return len(row)
@@ -125,26 +142,35 @@ class NotificationLog:
         only the oldest pending one, so a resolve never overtakes its trigger. ``skip``:
         ids in flight; ``paused``: channels waiting out a rate limit."""
         rows = self.con.execute(
-            "SELECT id, channel, action, attempts, created_ts, next_attempt_ts, incident FROM alerts "
-            "WHERE status = 'pending' QUALIFY row_number() OVER (PARTITION BY channel, incident_id ORDER BY id) = 1 "
-            "ORDER BY id").fetchall()
+            "SELECT id, channel, action, attempts, created_ts, next_attempt_ts, incident, coalesce(maybe_sent, false) "
+            "FROM alerts WHERE status = 'pending' "
+            "QUALIFY row_number() OVER (PARTITION BY channel, incident_id ORDER BY id) = 1 ORDER BY id").fetchall()
         skip, paused = set(skip), set(paused)
-        return [Notification(i, ch, act, att, created, Incident.from_dict(json.loads(inc)))
-                for i, ch, act, att, created, nxt, inc in rows
+        return [Notification(i, ch, act, att, created, Incident.from_dict(json.loads(inc)), bool(maybe))
+                for i, ch, act, att, created, nxt, inc, maybe in rows
                 if i not in skip and ch not in paused and nxt <= now]
 
-    def mark_sent(self, nid: int, now: dt.datetime) -> None:
-        self.con.execute("UPDATE alerts SET status = 'sent', attempts = attempts + 1, sent_ts = ?, last_error = NULL "
-                         "WHERE id = ?", [now, nid])
+    def mark_sending(self, nid: int, now: dt.datetime) -> None:
+        """Record that a send of ``nid`` starts now (call before sending, outside a
+        transaction, so it is durable before any byte leaves)."""
+        self.con.execute("UPDATE alerts SET sending_ts = ? WHERE id = ?", [now, nid])
 
-    def mark_retry(self, nid: int, next_ts: dt.datetime, error: str) -> None:
-        self.con.execute("UPDATE alerts SET attempts = attempts + 1, next_attempt_ts = ?, last_error = ? WHERE id = ?",
-                         [next_ts, error, nid])
+    def mark_sent(self, nid: int, now: dt.datetime) -> None:
+        """The receiver accepted ``nid`` (2xx)."""
+        self.con.execute("UPDATE alerts SET status = 'sent', attempts = attempts + 1, sent_ts = ?, last_error = NULL, "
+                         "sending_ts = NULL WHERE id = ?", [now, nid])
+
+    def mark_retry(self, nid: int, next_ts: dt.datetime, error: str, *, maybe_sent: bool = False) -> None:
+        """``nid`` failed and is retried at ``next_ts``; ``maybe_sent``: this attempt may
+        have been delivered (the answer did not come after the request was written)."""
+        self.con.execute("UPDATE alerts SET attempts = attempts + 1, next_attempt_ts = ?, last_error = ?, "
+                         "sending_ts = NULL, maybe_sent = coalesce(maybe_sent, false) OR ? WHERE id = ?",
+                         [next_ts, error, maybe_sent, nid])
 
     def mark_failed(self, nid: int, status: str, error: str) -> None:
         """``status``: ``rejected`` or ``expired``."""
-        self.con.execute("UPDATE alerts SET status = ?, attempts = attempts + 1, last_error = ? WHERE id = ?",
-                         [status, error, nid])
+        self.con.execute("UPDATE alerts SET status = ?, attempts = attempts + 1, last_error = ?, sending_ts = NULL "
+                         "WHERE id = ?", [status, error, nid])
 
     def pending_counts(self) -> dict[str, int]:
         """channel -> notifications still to deliver."""

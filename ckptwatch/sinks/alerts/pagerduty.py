@@ -6,7 +6,11 @@ so one incident is one PagerDuty alert however often it is sent), and for a trig
 ``payload`` with ``summary`` (at most 1024 characters), ``source``, ``severity`` (one of
 critical, error, warning, info), ``timestamp`` (ISO 8601), ``component``, ``group``,
 ``class`` and ``custom_details``. A resolve carries only the routing key, action and
-dedup key. Every log line in the details passes through the redactor first.
+dedup key. The whole incident passes through the redactor first (summary, checkpoint
+paths and details included).
+
+Idempotency: PagerDuty folds every event with the same ``dedup_key`` into one open alert, so
+a re-sent trigger (after a timeout, or a restart mid-send) adds no page.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import json
 from typing import Any
 
 from ckptwatch.detectors.incident import Incident
-from ckptwatch.sinks.alerts.http import Outcome, Request, post
+from ckptwatch.sinks.alerts.http import Outcome, Request, Timeouts, post
 from ckptwatch.sinks.alerts.notification_log import Notification
 from ckptwatch.sinks.alerts.redact import Redactor
 from ckptwatch.sinks.report import timeline
@@ -26,7 +30,9 @@ SEVERITIES = ("critical", "error", "warning", "info")
 
 
 def summary(inc: Incident) -> str:
-    """One line: kind, job, step, root cause; at most :data:`SUMMARY_MAX` characters."""
+    """One line: kind, job, step, root cause, checkpoint; at most :data:`SUMMARY_MAX`
+    characters. Give it a redacted incident (:meth:`~.redact.Redactor.incident`): the
+    checkpoint path is copied as it is."""
     rc = inc.root_cause
     cause = f"{rc.cls}" + (f" on rank {rc.rank}" if rc and rc.rank is not None else "") if rc else "cause unknown"
     host = f" ({rc.host})" if rc and rc.host else ""
@@ -35,8 +41,11 @@ def summary(inc: Incident) -> str:
 
 
 def trigger(inc: Incident, *, routing_key: str, redactor: Redactor, source: str = "ckptwatch") -> dict[str, Any]:
-    """The ``trigger`` event for ``inc``. Severity is the incident's (already one of
-    PagerDuty's four values); anything else maps to ``error``."""
+    """The ``trigger`` event for ``inc``, built from ``inc`` with every string redacted;
+    ``dedup_key`` is the incident id (a hash of the raw facts: stable across versions,
+    retries and restarts). Severity is the incident's (already one of PagerDuty's four
+    values); anything else maps to ``error``."""
+    inc = redactor.incident(inc)
     rc = inc.root_cause
     lg = inc.last_good_checkpoint or {}
     details = {
@@ -48,13 +57,13 @@ def trigger(inc: Incident, *, routing_key: str, redactor: Redactor, source: str 
         "root_cause": None if rc is None else {
             "class": rc.cls, "rank": rc.rank, "host": rc.host, "pid": rc.pid,
             "time": rc.ts.isoformat() if rc.ts else None, "signal": rc.signal,
-            "line": redactor.redact(rc.line) if rc.line else None,
+            "line": rc.line or None,
         },
         "collateral_ranks": inc.collateral,
         "checkpoint_state": inc.checkpoint_state,
         "last_good_checkpoint": {"step": lg.get("step"), "path": lg.get("path")} if lg else None,
-        "remediation": redactor.redact(inc.remediation),
-        "timeline": [redactor.redact(line) for line in timeline(inc)],
+        "remediation": inc.remediation,
+        "timeline": timeline(inc),
     }
     return {
         "routing_key": routing_key,
@@ -81,16 +90,20 @@ def resolve(inc: Incident, *, routing_key: str) -> dict[str, Any]:
 class PagerDutyChannel:
     """Sends ``trigger`` (for trigger, escalate, update and realert: same dedup key, so
     PagerDuty adds them to one alert) and ``resolve`` events to ``url`` with the ``routing_key`` (a secret)
-    of an Events API v2 integration."""
+    of an Events API v2 integration; ``timeout``: :class:`~.http.Timeouts` (the read
+    timeout growing per attempt). Idempotent by ``dedup_key``."""
+
+    idempotent = True
 
     def __init__(self, name: str, routing_key: str, *, url: str, source: str, redactor: Redactor,
-                 timeout: float) -> None:
+                 timeout: Timeouts) -> None:
         self.name, self._key, self.url, self.source = name, routing_key, url, source
         self.redactor, self.timeout = redactor, timeout
 
     def deliver(self, n: Notification) -> Outcome:
+        """POST the ``resolve`` or ``trigger`` event of ``n`` to the Events API."""
         if n.action == "resolve":
             event = resolve(n.incident, routing_key=self._key)
         else:
             event = trigger(n.incident, routing_key=self._key, redactor=self.redactor, source=self.source)
-        return post(Request(self.url, json.dumps(event).encode()), self.timeout)
+        return post(Request(self.url, json.dumps(event).encode()), self.timeout.for_attempt(n.attempts))

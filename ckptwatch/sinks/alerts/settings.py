@@ -6,11 +6,18 @@ A channel table (``[alerts.channels.NAME]``)::
     url_env = "SLACK_WEBHOOK_URL"
     min_severity = "error"       # route: this severity or higher (default per type below)
     match = { job = ["llama-*"], kind = ["interrupted_save", "poisoned_resume"] }
+    connect_timeout = 5          # seconds to connect (and TLS handshake); nothing is sent yet
+    read_timeout = 30            # seconds to wait for the answer once the request is sent
 
 Secrets (``url`` of slack and webhook, ``routing_key`` of pagerduty, ``secret`` of webhook)
 are given as ``KEY_env`` (an environment variable's name) or ``KEY_file`` (a file holding
 the value; surrounding whitespace stripped); writing ``KEY`` itself works for non-secret
 test endpoints. Values are read when the alerter starts, never printed, never stored.
+
+``connect_timeout`` and ``read_timeout`` (seconds; 0 or absent: the default) default to
+``[alerts] connect_timeout`` (5 s) and ``[alerts] timeout`` (the read timeout); a channel's
+``timeout`` is its read timeout under the old name. A long read timeout keeps a slow
+receiver that will answer 200 from being sent the notification again.
 
 ``match`` maps a label (:data:`LABELS`) to glob patterns; an incident is routed to the
 channel when its severity is at least ``min_severity`` and, for every label listed, its
@@ -44,7 +51,7 @@ DEFAULT_MIN_SEVERITY = {"console": "info", "slack": "warning", "webhook": "info"
 PAGERDUTY_URL = "https://events.pagerduty.com/v2/enqueue"
 _SECRETS = {"slack": ("url",), "webhook": ("url", "secret"), "pagerduty": ("routing_key",), "console": ()}
 _REQUIRED = {"slack": ("url",), "webhook": ("url",), "pagerduty": ("routing_key",), "console": ()}
-_PLAIN = {"type", "min_severity", "match", "timeout"}
+_PLAIN = {"type", "min_severity", "match", "timeout", "connect_timeout", "read_timeout"}
 _PLAIN_BY_TYPE = {"pagerduty": {"url", "source"}, "slack": set(), "webhook": set(), "console": set()}
 
 
@@ -81,7 +88,8 @@ class SecretRef:
 class ChannelSpec:
     """One ``[alerts.channels.NAME]`` table, checked. ``secrets``: key -> :class:`SecretRef`;
     ``options``: the non-secret keys of the type (pagerduty ``url``, ``source``);
-    ``timeout``: seconds per HTTP request (0: the ``[alerts] timeout``)."""
+    ``timeout``: the old name of ``read_timeout``; ``connect_timeout`` / ``read_timeout``:
+    seconds (0: the ``[alerts]`` default, see :func:`ckptwatch.sinks.alerts.channels.timeouts`)."""
 
     name: str
     type: str
@@ -90,6 +98,8 @@ class ChannelSpec:
     secrets: dict[str, SecretRef]
     options: dict[str, str]
     timeout: float = 0.0
+    connect_timeout: float = 0.0
+    read_timeout: float = 0.0
 
 
 def _severity(value: Any, where: str) -> str:
@@ -140,9 +150,12 @@ def parse_channel(name: str, table: Any) -> ChannelSpec:
             secrets[s] = SecretRef(where=f"{where} {s}", **kw)
         elif s in _REQUIRED[typ]:
             raise AlertConfigError(f"{where}: a {typ} channel needs {s}_env, {s}_file or {s}")
-    timeout = table.get("timeout", 0.0)
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
-        raise AlertConfigError(f"{where} timeout: must be a number of seconds")
+    seconds = {}
+    for key in ("timeout", "connect_timeout", "read_timeout"):
+        v = table.get(key, 0.0)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+            raise AlertConfigError(f"{where} {key}: must be a number of seconds (0: the default)")
+        seconds[key] = float(v)
     options = {k: str(table[k]) for k in _PLAIN_BY_TYPE[typ] if k in table}
     if typ == "pagerduty":
         options.setdefault("url", PAGERDUTY_URL)
@@ -151,7 +164,7 @@ def parse_channel(name: str, table: Any) -> ChannelSpec:
         name=name, type=typ, min_severity=_severity(table.get("min_severity", DEFAULT_MIN_SEVERITY[typ]),
                                                     f"{where} min_severity"),
         match=_match(table.get("match", {}), f"{where} match"), secrets=secrets, options=options,
-        timeout=float(timeout),
+        **seconds,
     )
 
 

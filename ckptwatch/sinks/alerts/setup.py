@@ -39,10 +39,11 @@ def alerter_from_config(settings: AlertSettings, store: Store, *, db_path: str, 
                 say(f"[alerts.channels.{spec.name}] {key} is written in the config file: "
                     f"prefer {key}_env or {key}_file, and keep the file private")
     redactor = Redactor.load(settings.redaction_files)
-    built = [(s, channel_types.build(s, redactor=redactor, timeout=settings.timeout, console=console)) for s in specs]
+    built = [(s, channel_types.build(s, redactor=redactor, timeout=channel_types.timeouts(s, settings),
+                                     console=console)) for s in specs]
     configured = parse_silences(settings.silences)
     silence_file = SilenceFile(silences_path(settings, db_path), on_error=say)
     silence_file.current()  # read now: a file broken later keeps these
-    return Alerter(NotificationLog(store.con), built, settings=settings,
+    return Alerter(NotificationLog(store.con), built, settings=settings, redactor=redactor,
                    silences=lambda: configured + silence_file.current(), statuses=store.incident_statuses,
                    metrics=metrics, say=say)

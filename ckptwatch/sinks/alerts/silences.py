@@ -5,15 +5,14 @@ which keeps them in a JSON file beside the database (``<db>.silences.json`` unle
 ``[alerts] silences_file`` says otherwise), not in DuckDB: the running pipeline holds the
 database's lock, and a silence must be addable while it runs. The file is rewritten
 atomically (temporary file, fsync, rename) under an exclusive ``flock`` of ``FILE.lock``;
-the pipeline re-reads it when its modification time changes.
+the pipeline re-reads it when its modification time changes. Both files are created
+``0600``, and a missing directory ``0700`` (:mod:`ckptwatch.private_files`).
 
 File format: ``{"silences": [{"id", "matchers": {label: glob}, "expires", "created",
 "comment"}]}`` with times in ISO 8601 UTC.
 """
 
 from __future__ import annotations
-
-from ckptwatch import atomic
 
 import contextlib
 import datetime as dt
@@ -25,6 +24,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ckptwatch import private_files
 from ckptwatch.sinks.alerts.routing import matches
 from ckptwatch.sinks.alerts.settings import LABELS, AlertConfigError, parse_time
 
@@ -40,6 +40,7 @@ class Silence:
     created: dt.datetime | None = None
 
     def active(self, now: dt.datetime) -> bool:
+        """Not yet expired at ``now`` (UTC)."""
         return now < self.expires
 
     def mutes(self, lbls: Mapping[str, str], now: dt.datetime) -> bool:
@@ -72,6 +73,7 @@ class Silence:
                    comment=str(d.get("comment") or ""), created=created)
 
     def to_dict(self) -> dict[str, Any]:
+        """The file entry (see the module docstring); times in ISO 8601."""
         return {"id": self.id, "matchers": self.matchers, "expires": self.expires.isoformat(),
                 "created": self.created.isoformat() if self.created else None, "comment": self.comment}
 
@@ -125,15 +127,16 @@ class SilenceFile:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[list[Silence]]:
-        with open(self.path + ".lock", "a") as lock:
+        fd = private_files.open_private(self.path + ".lock", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        with os.fdopen(fd, "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             items = self.read()
             yield items
             self._write(items)
 
     def _write(self, items: list[Silence]) -> None:
-        atomic.replace_file(self.path, json.dumps({"silences": [s.to_dict() for s in items]}, indent=1).encode(),
-                            tmp_prefix=".silences.")
+        private_files.write_private(self.path, json.dumps({"silences": [s.to_dict() for s in items]},
+                                                          indent=1).encode())
 
     def add(self, matchers: dict[str, str], expires: dt.datetime, comment: str = "",
             now: dt.datetime | None = None) -> Silence:

@@ -4,7 +4,12 @@ Limits (Slack Block Kit reference): a ``header`` block's plain text at most 150 
 a ``section`` block's text at most 3000, a section's ``fields`` at most 10 of at most 2000
 characters each, at most 50 blocks per message; the top-level ``text`` is the notification
 fallback. Longer text is cut with a note saying so: a message is never refused for its
-size. Every log line passes through the redactor first.
+size. The whole incident passes through the redactor first (before anything is cut).
+
+Duplicates: incoming webhooks (and ``chat.postMessage``) take no idempotency key, so Slack
+cannot fold a re-sent message into the first. ckptwatch re-sends after an unknown outcome
+(at least once: a lost page is worse than a repeated one) and such a re-send carries a
+context line saying it may be a duplicate.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import json
 from typing import Any
 
 from ckptwatch.detectors.incident import Incident
-from ckptwatch.sinks.alerts.http import Outcome, Request, post
+from ckptwatch.sinks.alerts.http import Outcome, Request, Timeouts, post
 from ckptwatch.sinks.alerts.notification_log import Notification
 from ckptwatch.sinks.alerts.pagerduty import summary
 from ckptwatch.sinks.alerts.redact import Redactor
@@ -34,14 +39,27 @@ def _section(text: str) -> dict[str, Any]:
 
 
 _PREFIX = {"escalate": "ESCALATED ", "realert": "STILL OPEN ", "update": "UPDATED "}
+#: The context line of a message that may repeat one already posted.
+DUPLICATE_NOTE = (":warning: possible duplicate: an earlier post of this notification may have reached Slack "
+                  "(no answer came, or ckptwatch restarted mid-send; Slack webhooks cannot deduplicate)")
 
 
-def message(inc: Incident, *, redactor: Redactor, action: str = "trigger") -> dict[str, Any]:
-    """The webhook body for ``inc``: header, facts as fields, root cause line, last good
-    checkpoint, remediation, and the per-rank timeline as a code block. ``action``
-    ``escalate`` / ``realert`` prefix the header; ``resolve`` gives :func:`resolved`."""
+def _context(inc: Incident, maybe_duplicate: bool) -> dict[str, Any]:
+    elements = [{"type": "mrkdwn", "text": f"ckptwatch incident `{inc.id}`"}]
+    if maybe_duplicate:
+        elements.append({"type": "mrkdwn", "text": DUPLICATE_NOTE})
+    return {"type": "context", "elements": elements}
+
+
+def message(inc: Incident, *, redactor: Redactor, action: str = "trigger", maybe_duplicate: bool = False) -> dict[str, Any]:
+    """The webhook body for ``inc`` (Slack Block Kit: ``text`` + ``blocks``): header, facts
+    as fields, root cause line, last good checkpoint, remediation, and the per-rank timeline
+    as a code block, built from ``inc`` with every string redacted. ``action`` ``escalate``
+    / ``realert`` / ``update`` prefix the header; ``resolve`` gives :func:`resolved`.
+    ``maybe_duplicate`` adds :data:`DUPLICATE_NOTE` to the closing context block."""
+    inc = redactor.incident(inc)
     if action == "resolve":
-        return resolved(inc)
+        return resolved(inc, maybe_duplicate=maybe_duplicate)
     rc = inc.root_cause
     lg = inc.last_good_checkpoint
     fields = [
@@ -58,33 +76,40 @@ def message(inc: Incident, *, redactor: Redactor, action: str = "trigger") -> di
         {"type": "section", "fields": [{"type": "mrkdwn", "text": _fit(f, FIELD_MAX)} for f in fields[:10]]},
     ]
     if rc and rc.line:
-        blocks.append(_section("*Initiating line*\n```" + redactor.redact(rc.line) + "```"))
-    blocks.append(_section("*Do this*\n" + redactor.redact(inc.remediation)))
-    lines = "\n".join(redactor.redact(line) for line in timeline(inc))
+        blocks.append(_section("*Initiating line*\n```" + rc.line + "```"))
+    blocks.append(_section("*Do this*\n" + inc.remediation))
+    lines = "\n".join(timeline(inc))
     blocks.append(_section("*Timeline*\n```" + _fit(lines, SECTION_MAX - 40) + "```"))
-    blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": f"ckptwatch incident `{inc.id}`"}]})
+    blocks.append(_context(inc, maybe_duplicate))
     return {"text": summary(inc), "blocks": blocks[:50]}
 
 
-def resolved(inc: Incident) -> dict[str, Any]:
+def resolved(inc: Incident, *, maybe_duplicate: bool = False) -> dict[str, Any]:
     """A short message closing an incident: resolved (a later save completed on every rank)
-    or superseded (its save was re-classified as another incident)."""
+    or superseded (its save was re-classified as another incident). ``inc`` must be
+    redacted already (:func:`message` does it)."""
     word = "Superseded" if inc.status == "superseded" else "Resolved"
     why = ("the save was re-classified; see the new incident" if inc.status == "superseded"
            else "a later save of the job completed on every rank")
     text = f"{word}: {inc.kind} job {inc.job} step {inc.step} ({why})"
     return {"text": text, "blocks": [
         _section(f":white_check_mark: *{word}* {inc.kind}: job {inc.job} step {inc.step}\n{why}"),
-        {"type": "context", "elements": [{"type": "mrkdwn", "text": f"ckptwatch incident `{inc.id}`"}]},
+        _context(inc, maybe_duplicate),
     ]}
 
 
 class SlackChannel:
-    """Posts :func:`message` to an incoming webhook ``url`` (a secret)."""
+    """Posts :func:`message` to an incoming webhook ``url`` (a secret), with ``timeout``
+    (:class:`~.http.Timeouts`, the read timeout growing per attempt). Not idempotent: see
+    the module docstring."""
 
-    def __init__(self, name: str, url: str, *, redactor: Redactor, timeout: float) -> None:
+    idempotent = False
+
+    def __init__(self, name: str, url: str, *, redactor: Redactor, timeout: Timeouts) -> None:
         self.name, self._url, self.redactor, self.timeout = name, url, redactor, timeout
 
     def deliver(self, n: Notification) -> Outcome:
-        body = json.dumps(message(n.incident, redactor=self.redactor, action=n.action)).encode()
-        return post(Request(self._url, body), self.timeout)
+        """POST :func:`message` of ``n`` (a possible-duplicate note when ``n.maybe_sent``)."""
+        body = json.dumps(message(n.incident, redactor=self.redactor, action=n.action,
+                                  maybe_duplicate=n.maybe_sent)).encode()
+        return post(Request(self._url, body), self.timeout.for_attempt(n.attempts))
