@@ -36,13 +36,19 @@ class EmbeddedRunner:
     builds the :class:`~ckptwatch.sinks.alerts.dispatcher.Alerter` on the runner's store:
     changed incidents are queued for alerting in the transaction that stores them, and
     every cycle delivers what is due.
+
+    Bounded state: jobs the detector releases (concluded and idle, see
+    :class:`~ckptwatch.detectors.runner.DetectorConfig`) are recorded with the checkpoint
+    registry, so a restart replays only the live jobs' events; with ``retention``, events
+    older than that (of released jobs and of no job) are deleted, at most once an hour.
     """
 
     def __init__(self, logs_dir: str, db_path: str, options: PipelineOptions | None = None,
                  on_incident: Callable[[Incident], None] | None = None, *, metrics: Metrics | None = None,
                  alerter: Callable[[Store, Metrics], Alerter] | None = None,
                  checkpoints: CheckpointWatcher | None = None,
-                 on_warning: Callable[[str], None] | None = None) -> None:
+                 on_warning: Callable[[str], None] | None = None,
+                 retention: dt.timedelta | None = None) -> None:
         self.logs_dir = logs_dir
         self.metrics = metrics or Metrics()
         self.options = options or PipelineOptions()
@@ -62,7 +68,11 @@ class EmbeddedRunner:
                                      line_prefix=self.options.line_prefix,
                                      committed=self._stored, exclude=lambda p: os.path.abspath(p) == db)
         self.stats = self.watcher.stats
-        stored = self.store.events()
+        self.retention = retention
+        self._retention_due: dt.datetime | None = None
+        released, registry = self.store.released()
+        self.detector.restore(released, registry)
+        stored = self.store.events_to_replay()  # the live jobs' events only: bounded by them, not by history
         if not stored.is_empty():
             self.detector.process(stored.iter_rows(named=True))
 
@@ -89,6 +99,12 @@ class EmbeddedRunner:
         if not events.is_empty():
             self.detector.process(events.iter_rows(named=True), now=now)
         changed = self.detector.advance(final=final and not self.watcher.backlog, now=now)
+        released = self.detector.take_released()
+        if released:
+            self.store.save_released(released, self.detector.registry.to_dict())
+        if self.retention is not None and (self._retention_due is None or now >= self._retention_due):
+            self.store.delete_events_before(now - self.retention)
+            self._retention_due = now + dt.timedelta(hours=1)
         if changed:
             with self.store.transaction():
                 self.store.upsert_incidents(changed)

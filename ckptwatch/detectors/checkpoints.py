@@ -28,6 +28,10 @@ CheckpointKey = tuple[str | None, int | None]
 BAD_KINDS = frozenset({"interrupted_save", "storage_failure_during_save", "partial_checkpoint", "stalled_save",
                        "corrupt_checkpoint"})
 
+#: Steps kept per checkpoint root in each registry table (see :meth:`CheckpointRegistry.prune`).
+MAX_PER_ROOT = 256
+
+
 def checkpoint_key(path: str | None, step: int | None) -> CheckpointKey:
     """``(root, step)`` of a checkpoint named by ``path`` and/or ``step`` (see the module
     docstring). When only the path is known, a step its last component names by convention
@@ -61,6 +65,21 @@ class SaveFact:
     losses: tuple[tuple[dt.datetime, int, float], ...] = ()
     #: expected ranks with no end of this save (empty when complete)
     missing: tuple[int, ...] = ()
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict (times ISO 8601 UTC; a NaN loss as the string ``"nan"``)."""
+        return {"job": self.job, "step": self.step, "path": self.path, "complete": self.complete,
+                "first_ts": self.first_ts.isoformat() if self.first_ts else None, "world_size": self.world_size,
+                "losses": [[ts.isoformat(), s, v if v == v else "nan"] for ts, s, v in self.losses],
+                "missing": list(self.missing)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> SaveFact:
+        """Inverse of :meth:`to_dict`. Raises KeyError / ValueError / TypeError on another shape."""
+        return cls(d["job"], d["step"], d["path"], bool(d["complete"]),
+                   dt.datetime.fromisoformat(d["first_ts"]) if d["first_ts"] else None, d["world_size"],
+                   tuple((dt.datetime.fromisoformat(t), int(s), float(v)) for t, s, v in d["losses"]),
+                   tuple(int(r) for r in d["missing"]))
 
 
 def _comparable(fact: SaveFact) -> tuple:
@@ -113,6 +132,51 @@ class CheckpointRegistry:
             return False
         self.verified[key] = path
         return True
+
+    def prune(self, before: dt.datetime, *, keep_per_root: int = MAX_PER_ROOT) -> int:
+        """Forget what is older than ``before`` (UTC; saves by first start, bad marks by
+        their incident's first event) and, under each root, all but the newest
+        ``keep_per_root`` steps of each table (verified keys: by step). Returns how many
+        entries went. Keeps the registry bounded over a long-running fleet: a resume
+        from a checkpoint older than the horizon is judged as one never seen."""
+        gone = 0
+        for table, ts_of in ((self.saves, lambda f: f.first_ts), (self.bad, lambda i: i.first_ts)):
+            old = [k for k, v in table.items() if ts_of(v) is not None and ts_of(v) < before]
+            for k in old:
+                del table[k]
+            gone += len(old)
+        for table in (self.saves, self.bad, self.verified):
+            by_root: dict[str | None, list[CheckpointKey]] = {}
+            for k in table:
+                by_root.setdefault(k[0], []).append(k)
+            for keys in by_root.values():
+                if len(keys) > keep_per_root:
+                    keys.sort(key=lambda k: -1 if k[1] is None else k[1])
+                    for k in keys[: len(keys) - keep_per_root]:
+                        del table[k]
+                        gone += 1
+        return gone
+
+    def to_dict(self) -> dict:
+        """JSON-ready snapshot: ``{"saves": [SaveFact dicts], "bad": [incident dicts without
+        evidence], "verified": [[root, step, path]]}`` (inverse: :meth:`from_dict`)."""
+        return {
+            "saves": [f.to_dict() for f in self.saves.values()],
+            "bad": [{**i.to_dict(), "evidence": []} for i in self.bad.values()],
+            "verified": [[r, s, p] for (r, s), p in self.verified.items()],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> CheckpointRegistry:
+        """Inverse of :meth:`to_dict`. Raises KeyError / ValueError / TypeError on another shape."""
+        reg = cls()
+        for f in d["saves"]:
+            reg.record_save(SaveFact.from_dict(f))
+        for i in d["bad"]:
+            reg.record_incident(Incident.from_dict(i))
+        for r, s, p in d["verified"]:
+            reg.verified[(r, s)] = p
+        return reg
 
     def resolve(self, key: CheckpointKey) -> CheckpointKey:
         """``key`` as the registry knows it: a relative root (``ckpt`` in "Restoring states from

@@ -13,6 +13,7 @@ Every incident is a function of the events alone, so re-running over the same ev
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -33,11 +34,23 @@ MAX_AHEAD = dt.timedelta(days=1)
 @dataclass(frozen=True)
 class DetectorConfig:
     """Seconds: ``allowed_lateness`` behind the newest event time; save windows in ``windows``;
-    the post-resume loss comparison in ``regression``."""
+    the post-resume loss comparison in ``regression``.
+
+    Bounded state (seconds): a job concluded (evaluated, no open save, no load waiting) whose
+    last event arrived ``release_after`` ago is *released*: its events and incidents leave
+    memory, and only a tombstone (its newest event time) stays, for ``tombstone_ttl``:
+    events of the job no newer than it are dropped (re-deliveries, or too late to matter),
+    newer ones start the job afresh (a relaunch). Host events older than ``release_after``
+    before the oldest live job's newest event go too. The checkpoint registry keeps saves and
+    bad marks of the last ``registry_horizon`` of event time (at most
+    :data:`~ckptwatch.detectors.checkpoints.MAX_PER_ROOT` steps per checkpoint root)."""
 
     allowed_lateness: float = 5.0
     windows: save_incidents.SaveWindows = field(default_factory=save_incidents.SaveWindows)
     regression: RegressionSettings = field(default_factory=RegressionSettings)
+    release_after: float = 3600.0
+    tombstone_ttl: float = 7 * 86400.0
+    registry_horizon: float = 30 * 86400.0
 
 
 @dataclass
@@ -45,6 +58,9 @@ class DetectorStats:
     events: int = 0
     duplicates: int = 0
     jobs: int = 0
+    #: jobs released (see :class:`DetectorConfig`), and events dropped as older than their tombstone
+    released: int = 0
+    after_release: int = 0
 
 
 class Detector:
@@ -69,6 +85,9 @@ class Detector:
         self._new_saves: dict[tuple[str | None, int | None], SaveFact] = {}
         self._open_saves: dict[str, int] = {}  # job -> its open saves at its last evaluation
         self._unfinished: dict[str, list[tuple[int, str | None]]] = {}  # job -> (step, path) of those, no incident
+        #: released jobs: job -> (newest event time, wall time of the release), UTC
+        self.released: dict[str, tuple[dt.datetime, dt.datetime]] = {}
+        self._newly_released: list[tuple[str, dt.datetime]] = []
 
     def process(self, rows: Iterable[dict[str, Any]], *, now: dt.datetime | None = None) -> None:
         """Take events (dicts with EVENT_SCHEMA keys, e.g. ``df.iter_rows(named=True)``);
@@ -89,6 +108,10 @@ class Detector:
                     continue
                 # a rank-less storage error or OOM report in a job's own files is that job's too
             job = ev.job or UNKNOWN_JOB
+            tomb = self.released.get(job)
+            if tomb is not None and ev.ts <= tomb[0]:
+                self.stats.after_release += 1
+                continue
             state = self.jobs.get(job)
             if state is None:
                 state = self.jobs[job] = JobState(job)
@@ -201,7 +224,65 @@ class Detector:
             if wait:
                 waiting.add(job)  # a load of a save not finished yet: judged once the watermark passes it
         self._loads_dirty = waiting
+        self._release(wall)
         return changed
+
+    def _release(self, wall: dt.datetime) -> None:
+        """Release the jobs concluded and idle for ``release_after`` seconds of wall time,
+        expire old tombstones, and prune host events and the registry (see
+        :class:`DetectorConfig`)."""
+        idle = dt.timedelta(seconds=self.config.release_after)
+        for job, state in list(self.jobs.items()):
+            if (job in self._dirty or job in self._loads_dirty or self._open_saves.get(job)
+                    or state.last_arrival is None or wall - state.last_arrival < idle):
+                continue
+            self._release_job(job, state, wall)
+        ttl = dt.timedelta(seconds=self.config.tombstone_ttl)
+        for job in [j for j, (_, at) in self.released.items() if wall - at > ttl]:
+            del self.released[job]
+        live = [s.max_ts for s in self.jobs.values() if s.max_ts is not None]
+        if self.host_events and (live or self.max_ts):
+            cutoff = min(live or [self.max_ts]) - idle  # type: ignore[type-var,operator]
+            for key in [k for k, e in self.host_events.items() if e.ts < cutoff]:
+                del self.host_events[key]
+        if self.max_ts is not None:
+            self.registry.prune(self.max_ts - dt.timedelta(seconds=self.config.registry_horizon))
+
+    def _release_job(self, job: str, state: JobState, wall: dt.datetime) -> None:
+        """Forget ``job``'s events and incidents; keep a tombstone and its checkpoints' facts
+        (evidence dropped from the incidents that mark them bad)."""
+        del self.jobs[job]
+        tomb = state.max_ts or wall
+        self.released[job] = (tomb, wall)
+        self._newly_released.append((job, tomb))
+        for table in (self._open_saves, self._unfinished):
+            table.pop(job, None)
+        for ids in (self._loading, self._loads_dirty, self._dirty):
+            ids.discard(job)
+        for iid in [i for i, (_, inc) in self._emitted.items() if inc.job == job]:
+            del self._emitted[iid]
+        for by in (self._by_save, self._by_load):
+            for key in [k for k in by if k[0] == job]:
+                del by[key]
+        for key, inc in list(self.registry.bad.items()):
+            if inc.job == job and inc.evidence:
+                self.registry.bad[key] = dataclasses.replace(inc, evidence=[])
+        self.stats.released += 1
+
+    def take_released(self) -> list[tuple[str, dt.datetime]]:
+        """``(job, newest event time)`` of the jobs released since the last call (to persist
+        as tombstones, with :attr:`registry`, so a restart replays only live jobs)."""
+        out, self._newly_released = self._newly_released, []
+        return out
+
+    def restore(self, released: Iterable[tuple[str, dt.datetime, dt.datetime]], registry: dict | None) -> None:
+        """Start from persisted state instead of a full replay: tombstones ``(job, newest
+        event time, wall time released)`` and a registry snapshot
+        (:meth:`CheckpointRegistry.to_dict`). Call before :meth:`process`. Raises
+        KeyError / ValueError / TypeError on a snapshot of another shape."""
+        self.released.update((job, (ts, at)) for job, ts, at in released)
+        if registry is not None:
+            self.registry = CheckpointRegistry.from_dict(registry)
 
     def _job_watermark(self, state: JobState, lateness: dt.timedelta, now: dt.datetime | None, *,
                        final: bool) -> dt.datetime:
