@@ -75,6 +75,7 @@ class EmbeddedRunner:
         stored = self.store.events_to_replay()  # the live jobs' events only: bounded by them, not by history
         if not stored.is_empty():
             self.detector.process(stored.iter_rows(named=True))
+        self.detector.adopt(self.store.open_incidents())  # still its to withdraw or resolve (late lines)
 
     def cycle(self, *, final: bool = False, now: dt.datetime | None = None) -> list[Incident]:
         """One pass: read (a chunk of each file), match, store, detect. Returns the

@@ -154,10 +154,14 @@ def test_resume_from_a_save_never_seen_to_finish_is_poisoned_once_the_watermark_
     assert p.last_good_checkpoint == {"step": 20, "path": "/c/step_20"}
     assert "never seen to finish on every rank (no end of save from rank(s) 2)" in p.remediation
 
-    # the late host's line shows the save did finish: the page is taken back
+    # the late host's line shows the save did finish: the page is taken back, withdrawn
     _stream(d, [dict(e, job="job-a") for e in saves(40, 12.5, [2], end=True)], 21)
     (again,) = [i for i in _at(d, 21) if i.kind == "poisoned_resume"]
-    assert (again.id, again.status) == (p.id, "resolved")
+    assert (again.id, again.status) == (p.id, "superseded")
+    assert again.withdrawn == ("the save of step 40 by job job-a finished on every rank after all (its last "
+                               "end-of-save lines arrived late): the checkpoint loaded is whole")
+    assert again.remediation == f"Withdrawn: {again.withdrawn}. No action needed."
+    assert _at(d, 60) == []  # and stays so
 
 
 def test_a_never_finished_resume_names_the_save_incident_once_it_settles():

@@ -101,11 +101,13 @@ class CheckpointRegistry:
     verified: dict[CheckpointKey, str | None] = field(default_factory=dict)
 
     def record_save(self, fact: SaveFact) -> bool:
-        """Remember a save (a later one of the same key replaces it); True if that changed
-        anything."""
+        """Remember a save (a later one of the same key replaces it, and so does a newer
+        view of the same job's save: its first start moves earlier as late lines arrive);
+        True if that changed anything."""
         key = checkpoint_key(fact.path, fact.step)
         old = self.saves.get(key)
-        if old is not None and old.first_ts and fact.first_ts and old.first_ts > fact.first_ts:
+        if (old is not None and old.job != fact.job and old.first_ts and fact.first_ts
+                and old.first_ts > fact.first_ts):
             return False
         self.saves[key] = fact
         return old is None or _comparable(old) != _comparable(fact)

@@ -1,4 +1,18 @@
-"""The Incident contract (DESIGN.md, "Incident") and its deterministic id."""
+"""The Incident contract (DESIGN.md, "Incident") and its deterministic id.
+
+``status`` is one of :data:`STATUSES`:
+
+* ``open``;
+* ``resolved``: what it reported ended (the job saved a complete checkpoint again; a save
+  that really stalled finished after all);
+* ``superseded``: it no longer stands. Either its save was re-classified under another id,
+  or it was **withdrawn** (:meth:`Incident.withdraw`): later evidence showed it never held,
+  as when the last end-of-save lines of a save arrive late (a collector restarted) and the
+  checkpoint that looked stalled, and the resume that was paged as poisoned for loading
+  it, turn out whole. ``checkpoint_state["withdrawn"]`` then says why. A superseded
+  incident is closed for alerting (its pages are resolved), marks no checkpoint not-good,
+  and is not part of what a run reports (an in-order run would not have found it).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +23,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 SEVERITIES = ("info", "warning", "error", "critical")
+STATUSES = ("open", "resolved", "superseded")
+#: ``checkpoint_state`` key of a withdrawn incident: why it was taken back
+WITHDRAWN = "withdrawn"
 
 #: Default severity per incident kind (alert routing reads this; see README).
 DEFAULT_SEVERITY = {
@@ -147,6 +164,20 @@ class Incident:
             first_ts=dt.datetime.fromisoformat(d["first_ts"]), evidence=evidence, severity=d.get("severity", ""),
             status=d.get("status", "open"), detected_ts=_parse_ts(d.get("detected_ts")), id=d.get("id", ""),
         )
+
+    def withdraw(self, reason: str) -> None:
+        """Take the incident back: later evidence showed it never held. ``reason`` (a
+        sentence, no final period) goes to ``checkpoint_state["withdrawn"]`` and the
+        remediation; the status becomes ``superseded`` (see the module docstring): pages
+        about it are resolved and its checkpoint is no longer marked not-good."""
+        self.status = "superseded"
+        self.checkpoint_state = {**self.checkpoint_state, WITHDRAWN: reason}
+        self.remediation = f"Withdrawn: {reason}. No action needed."
+
+    @property
+    def withdrawn(self) -> str | None:
+        """Why the incident was withdrawn (:meth:`withdraw`), or None."""
+        return self.checkpoint_state.get(WITHDRAWN) if self.status == "superseded" else None
 
     def fingerprint(self) -> str:
         """Hash of everything but ``detected_ts``: tells whether an update changed anything."""

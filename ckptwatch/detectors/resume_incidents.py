@@ -7,8 +7,14 @@
   names the bad checkpoint, the incident that made it bad and the last good checkpoint
   instead. A load of a save that was seen to start but never seen to finish on every
   rank is poisoned too, once the watermark passes the resume (late lines of the save had
-  their chance); should later lines show the save finished after all, the incident is
-  resolved. When the save incident comes, the poisoned resume names it.
+  their chance). When the save incident comes, the poisoned resume names it.
+
+  A poisoned resume follows the fate of what it cites: should later lines show the save
+  finished on every rank after all (the last end-of-save lines arrived late, from a
+  collector restarted after a kill), the save incident no longer makes the checkpoint
+  not-good, and the poisoned resume is withdrawn (:func:`retraction` says why), whichever
+  of the save's end and the resume arrived first; had the end arrived before the resume,
+  none is ever created.
 * ``world_size_mismatch`` (error): the load failed and the world size is the reason: a
   fingerprint says so (DeepSpeed's "DP world size of 8 but the current world size is 4",
   a DTensor copied between different ``DeviceMesh`` sizes), or the job's world size
@@ -26,7 +32,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from ckptwatch.detectors import regression
+from ckptwatch.detectors import regression, save_incidents
 from ckptwatch.detectors.checkpoints import CheckpointKey, CheckpointRegistry, SaveFact, checkpoint_key
 from ckptwatch.detectors.events import LOAD_KINDS, Ev
 from ckptwatch.detectors.incident import Incident
@@ -135,6 +141,42 @@ def _mesh_size(dims: str) -> int:
     return n
 
 
+def finished_after_all(bad: Incident, save: SaveFact | None) -> bool:
+    """Save incident ``bad`` is about a save that is now seen complete on every rank (the
+    same attempt: begun no later than the save ``bad`` cites), so it no longer makes its
+    checkpoint not-good, whatever its status (withdrawn, or a stall resolved by its end).
+    A corrupt checkpoint (a verification's finding) is not a save's and stays bad."""
+    return (bad.kind in save_incidents.KINDS and save is not None and save.complete and save.job == bad.job
+            and save.first_ts is not None and save.first_ts <= save_incidents.began(bad))
+
+
+def verdict(registry: CheckpointRegistry, key: CheckpointKey, at: dt.datetime) -> tuple[Incident | None, SaveFact | None]:
+    """:meth:`CheckpointRegistry.verdict`, except that a save incident whose save
+    :func:`finished_after_all` marks nothing."""
+    bad, save = registry.verdict(key, at)
+    if bad is not None and finished_after_all(bad, save):
+        return None, save
+    return bad, save
+
+
+def retraction(inc: Incident, registry: CheckpointRegistry) -> str | None:
+    """Why resume incident ``inc`` (a ``poisoned_resume`` evaluation no longer reports) is
+    withdrawn, from what ``registry`` knows now of the checkpoint it loads (a sentence, for
+    :meth:`Incident.withdraw`): its save is seen complete, or a verification found it
+    whole. None when neither: the load only waits again (its job's watermark fell back
+    behind it as new lines arrived), and the incident stands."""
+    cs = inc.checkpoint_state
+    key = registry.resolve(checkpoint_key(cs.get("loaded_path") or inc.checkpoint_path, inc.step))
+    save = registry.saves.get(key)
+    cited = f" ({cs['bad_kind']} {cs['marked_bad_by']} no longer stands)" if cs.get("marked_bad_by") else ""
+    if save is not None and save.complete:
+        return (f"the save of step {save.step} by job {save.job} finished on every rank after all (its last "
+                f"end-of-save lines arrived late): the checkpoint loaded is whole{cited}")
+    if key in registry.verified:
+        return f"a verification found the checkpoint loaded whole{cited}"
+    return None
+
+
 def evaluate(state: JobState, registry: CheckpointRegistry,
              settings: regression.RegressionSettings = regression.RegressionSettings(),
              *, wm: dt.datetime | None = None) -> tuple[list[Incident], bool]:
@@ -145,7 +187,7 @@ def evaluate(state: JobState, registry: CheckpointRegistry,
     out: list[Incident] = []
     waiting = False
     for ld in loads:
-        bad, save = registry.verdict(ld.key, ld.first_ts)
+        bad, save = verdict(registry, ld.key, ld.first_ts)
         if bad is None:
             if save is not None and save.complete:
                 out += _regression(state, ld, save, settings)
@@ -231,7 +273,7 @@ def _group_errors(errors: list[Ev], loads: list[Load]) -> dict[CheckpointKey, li
 def _load_incident(state: JobState, registry: CheckpointRegistry, key: CheckpointKey, errs: list[Ev],
                    loads: list[Load]) -> Incident:
     load = next((ld for ld in loads if ld.key == key), None)
-    bad, save = registry.verdict(key, errs[0].ts)
+    bad, save = verdict(registry, key, errs[0].ts)
     path = (load.path if load else None) or (bad.checkpoint_path if bad else None) or (save.path if save else None) \
         or next((e.path for e in errs if e.path), None)
     classes = sorted({str(e.attrs.get("class") or e.rule_id) for e in errs})

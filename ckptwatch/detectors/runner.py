@@ -25,7 +25,7 @@ from ckptwatch.detectors.regression import RegressionSettings, saver_windows
 from ckptwatch.detectors.events import LOADING_KINDS, Ev, is_host_event
 from ckptwatch.detectors.incident import Incident
 from ckptwatch.detectors.jobstate import JobState
-from ckptwatch.detectors.saves import saves_of
+from ckptwatch.detectors.saves import SaveState, saves_of
 
 UNKNOWN_JOB = "unknown"
 MAX_AHEAD = dt.timedelta(days=1)
@@ -40,8 +40,8 @@ class DetectorConfig:
     last event arrived ``release_after`` ago is *released*: its events and incidents leave
     memory, and only a tombstone (its newest event time) stays, for ``tombstone_ttl``:
     events of the job no newer than it are dropped (re-deliveries, or too late to matter),
-    newer ones start the job afresh (a relaunch). Host events older than ``release_after``
-    before the oldest live job's newest event go too. The checkpoint registry keeps saves and
+    newer ones start the job afresh (a relaunch). Host events that arrived ``release_after``
+    ago and are that much older than the oldest live job's newest event go too. The checkpoint registry keeps saves and
     bad marks of the last ``registry_horizon`` of event time (at most
     :data:`~ckptwatch.detectors.checkpoints.MAX_PER_ROOT` steps per checkpoint root)."""
 
@@ -71,6 +71,7 @@ class Detector:
         self.config = config or DetectorConfig()
         self.jobs: dict[str, JobState] = {}
         self.host_events: dict[str, Ev] = {}
+        self._host_arrival: dict[str, dt.datetime] = {}  # dedup key -> wall time it arrived
         self.max_ts: dt.datetime | None = None
         self.last_arrival: dt.datetime | None = None
         self.stats = DetectorStats()
@@ -103,6 +104,7 @@ class Detector:
                 if ev.dedup_key in self.host_events:
                     self.stats.duplicates += 1
                 self.host_events[ev.dedup_key] = ev
+                self._host_arrival[ev.dedup_key] = arrival
                 self._dirty.update(self.jobs)
                 if ev.attrs.get("scope") == "host":
                     continue
@@ -183,7 +185,9 @@ class Detector:
             events = state.events_sorted()
             saves = saves_of(state, events)
             windows = saver_windows(state.losses, {s.step for s in saves.values()}, self.config.regression.k)
-            for s in saves.values():
+            for key, s in saves.items():
+                if key < 0:
+                    continue  # an attempt given up for a later one of the step: that one is the checkpoint
                 fact = SaveFact(job, s.step, s.path, s.complete, s.first_ts, state.world_size, windows[s.step],
                                 tuple(s.missing))
                 if self.registry.record_save(fact):
@@ -200,7 +204,7 @@ class Detector:
             for inc in found:
                 changed += self._emit(inc, wall)
                 still_open = still_open or inc.kind == "stalled_save"
-            changed += self._finished_stalls(job, {i.id for i in found})
+            changed += self._finished_saves(job, {i.id for i in found}, saves)
             concluded = {i.step for i in found if i.kind != "stalled_save"}
             open_saves = [s for s in saves.values() if not s.complete and s.step not in concluded]
             self._open_saves[job] = len(open_saves)
@@ -211,7 +215,7 @@ class Detector:
             self._dirty.discard(job)
         for inc in changed:
             if inc.status == "superseded":
-                self.registry.record_incident(inc)
+                registry_changed |= self.registry.record_incident(inc)
         # resumes after saves: a load is judged by what is known of its checkpoint, whichever job wrote it
         waiting: set[str] = set()
         for job in sorted(self._loading if (registry_changed or final) else self._loads_dirty):
@@ -220,9 +224,14 @@ class Detector:
             found, wait = resume_incidents.evaluate(state, self.registry, self.config.regression, wm=wm)
             for inc in found:
                 changed += self._emit(inc, wall)
-            changed += self._retracted(job, "poisoned_resume", {i.id for i in found})
+            ids = {i.id for i in found}
+            changed += self._withdrawn_resumes([inc for _, inc in self._emitted.values()
+                                                if inc.job == job and inc.id not in ids])
             if wait:
                 waiting.add(job)  # a load of a save not finished yet: judged once the watermark passes it
+        if registry_changed or final:  # the resumes of released jobs, kept for this
+            changed += self._withdrawn_resumes(
+                [inc for _, inc in self._emitted.values() if inc.job in self.released and inc.job not in self.jobs])
         self._loads_dirty = waiting
         self._release(wall)
         return changed
@@ -240,17 +249,23 @@ class Detector:
         ttl = dt.timedelta(seconds=self.config.tombstone_ttl)
         for job in [j for j, (_, at) in self.released.items() if wall - at > ttl]:
             del self.released[job]
+            for iid in [i for i, (_, inc) in self._emitted.items() if inc.job == job and job not in self.jobs]:
+                del self._emitted[iid]  # an open poisoned resume kept past its job (see _release_job)
         live = [s.max_ts for s in self.jobs.values() if s.max_ts is not None]
         if self.host_events and (live or self.max_ts):
+            # only what arrived release_after ago: a job's lines may come long after its
+            # host's (another partition's backlog, a collector that was down)
             cutoff = min(live or [self.max_ts]) - idle  # type: ignore[type-var,operator]
-            for key in [k for k, e in self.host_events.items() if e.ts < cutoff]:
+            for key in [k for k, e in self.host_events.items()
+                        if e.ts < cutoff and wall - self._host_arrival.get(k, wall) >= idle]:
                 del self.host_events[key]
+                self._host_arrival.pop(key, None)
         if self.max_ts is not None:
             self.registry.prune(self.max_ts - dt.timedelta(seconds=self.config.registry_horizon))
 
     def _release_job(self, job: str, state: JobState, wall: dt.datetime) -> None:
-        """Forget ``job``'s events and incidents; keep a tombstone and its checkpoints' facts
-        (evidence dropped from the incidents that mark them bad)."""
+        """Forget ``job``'s events and incidents but its open poisoned resumes; keep a tombstone
+        and its checkpoints' facts (evidence dropped from the incidents that mark them bad)."""
         del self.jobs[job]
         tomb = state.max_ts or wall
         self.released[job] = (tomb, wall)
@@ -259,8 +274,11 @@ class Detector:
             table.pop(job, None)
         for ids in (self._loading, self._loads_dirty, self._dirty):
             ids.discard(job)
-        for iid in [i for i, (_, inc) in self._emitted.items() if inc.job == job]:
-            del self._emitted[iid]
+        for iid, (_, inc) in list(self._emitted.items()):
+            if inc.job == job and not (inc.kind == "poisoned_resume" and inc.status == "open"):
+                del self._emitted[iid]
+        # an open poisoned resume stays, until its tombstone expires: a late line of the save
+        # it cites may still show the checkpoint whole, and withdraw it
         for by in (self._by_save, self._by_load):
             for key in [k for k in by if k[0] == job]:
                 del by[key]
@@ -317,33 +335,77 @@ class Detector:
         self._new_saves.clear()
         return out
 
-    def _finished_stalls(self, job: str, found: set[str]) -> list[Incident]:
-        """Open ``stalled_save`` incidents of ``job`` that evaluation no longer reports: their
-        save finished after all. They become ``resolved``."""
-        return self._retracted(job, "stalled_save", found)
-
-    def _retracted(self, job: str, kind: str, found: set[str]) -> list[Incident]:
-        """Open incidents of ``kind`` and ``job`` that evaluation no longer reports (a stalled
-        save that finished; a resume from a save that late lines showed finished after all)
-        become ``resolved``."""
+    def _finished_saves(self, job: str, found: set[str], saves: dict[int, SaveState]) -> list[Incident]:
+        """Save incidents of ``job`` that evaluation no longer reports because their save is
+        now seen complete on every rank (its last end lines arrived late): withdrawn, with
+        :func:`save_incidents.withdrawal <ckptwatch.detectors.save_incidents.withdrawal>`'s
+        reason (the registry then forgets them), or, for a stall that did last, resolved.
+        One whose save is not seen complete stands as it is (the job's watermark fell back
+        behind it as new lines arrived: it comes back as the watermark moves on)."""
         out = []
         for iid, (_, inc) in list(self._emitted.items()):
-            if inc.job == job and inc.kind == kind and inc.status == "open" and iid not in found:
+            if inc.job != job or inc.kind not in save_incidents.KINDS or inc.status == "superseded" or iid in found:
+                continue
+            s = save_incidents.save_of(inc, saves)
+            if s is None or not s.complete:
+                continue
+            reason = save_incidents.withdrawal(inc, s, self.config.windows)
+            if reason is not None:
+                inc.withdraw(reason)
+            elif inc.status == "open":
                 inc.status = "resolved"
-                self._emitted[iid] = (inc.fingerprint(), inc)
+            else:
+                continue
+            self._emitted[iid] = (inc.fingerprint(), inc)
+            out.append(inc)
+        return out
+
+    def _withdrawn_resumes(self, candidates: list[Incident]) -> list[Incident]:
+        """Of ``candidates`` (incidents evaluation no longer reports, or of released jobs),
+        the open ``poisoned_resume`` ones whose checkpoint turned out whole (late lines
+        showed its save finished; a verification found it whole): withdrawn, with
+        :func:`resume_incidents.retraction <ckptwatch.detectors.resume_incidents.retraction>`'s
+        reason. One whose load merely waits again for the watermark stands."""
+        out = []
+        for inc in candidates:
+            if inc.kind == "poisoned_resume" and inc.status == "open":
+                reason = resume_incidents.retraction(inc, self.registry)
+                if reason is None:
+                    continue
+                inc.withdraw(reason)
+                self._emitted[inc.id] = (inc.fingerprint(), inc)
                 out.append(inc)
         return out
 
+    def adopt(self, incidents: Iterable[Incident]) -> None:
+        """Take incidents a predecessor of this detector reported (read back after a restart
+        or a rebalance; call before the first :meth:`advance`) as reported: one that later
+        lines withdraw or resolve is reported so, though a detector rebuilt from the events
+        alone may never find it again (a stall concluded as wall time went by), and a
+        re-classified one is superseded. One found again is reported again, with its first
+        ``detected_ts`` (the caller tells unchanged versions: the detector service by the
+        published fingerprints). Incidents of jobs this detector does not read stay inert."""
+        for inc in incidents:
+            if inc.id in self._emitted:
+                continue
+            inc = Incident.from_dict(inc.to_dict())  # ours to withdraw or resolve: the caller's stays as it was
+            self._emitted[inc.id] = ("", inc)  # no fingerprint: found again, it is reported again
+            by, key = self._slot(inc)
+            if inc.status != "superseded" and key:
+                by.setdefault(key, inc.id)
+
+    def _slot(self, inc: Incident) -> tuple[dict, tuple]:
+        """Where the id of ``inc``'s current incident is kept: one incident per save, and one
+        per load (a re-classified one supersedes the old id); none for one per checkpoint."""
+        if inc.kind in resume_incidents.LOAD_INCIDENT_KINDS:
+            return self._by_load, (inc.job, inc.step, inc.checkpoint_path)
+        if inc.kind in ("poisoned_resume", "corrupt_checkpoint"):  # one per checkpoint: the id is the key
+            return {}, ()
+        return self._by_save, (inc.job, inc.step)
+
     def _emit(self, inc: Incident, wall: dt.datetime) -> list[Incident]:
         out: list[Incident] = []
-        # one incident per save, and one per load: a re-classified one supersedes the old id
-        if inc.kind in resume_incidents.LOAD_INCIDENT_KINDS:
-            by: dict = self._by_load
-            key: tuple = (inc.job, inc.step, inc.checkpoint_path)
-        elif inc.kind in ("poisoned_resume", "corrupt_checkpoint"):  # one per checkpoint: the id is the key
-            by, key = {}, ()
-        else:
-            by, key = self._by_save, (inc.job, inc.step)
+        by, key = self._slot(inc)
         prev_id = by.get(key)
         if prev_id and prev_id != inc.id and prev_id in self._emitted:
             _, old = self._emitted[prev_id]

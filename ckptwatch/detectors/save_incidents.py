@@ -16,6 +16,11 @@ Each incident names the last good checkpoint: the newest earlier step whose save
 completed on every expected rank. An incident is ``resolved`` once a later save of the
 job completed on every expected rank (the job has a good checkpoint again); a stalled
 save that finishes after all is resolved by the runner (:mod:`.runner`).
+
+A save incident whose save is later seen complete on every rank (the last end-of-save
+lines arrived late, e.g. from a collector restarted after a kill) no longer holds:
+:func:`withdrawal` says why it is withdrawn, unless it was a stall that really lasted
+``stall_after`` in event time (then it is resolved: an in-order run saw it too).
 """
 
 from __future__ import annotations
@@ -30,6 +35,10 @@ from ckptwatch.detectors.events import FAILURE_KINDS, Ev
 from ckptwatch.detectors.incident import Incident
 from ckptwatch.detectors.jobstate import JobState
 from ckptwatch.detectors.saves import SaveState, saves_of
+
+
+#: The kinds this module reports.
+KINDS = ("interrupted_save", "storage_failure_during_save", "partial_checkpoint", "stalled_save")
 
 
 @dataclass(frozen=True)
@@ -138,3 +147,39 @@ def _incident(kind: str, state: JobState, s: SaveState, root, collateral: list[i
 def _went_on(state: JobState, s: SaveState) -> bool:
     """Some rank that finished this save has logged a later step: the job moved on."""
     return any(state.last_metric_step.get(r, -1) > s.step for r in s.finished)
+
+
+def began(inc: Incident) -> dt.datetime:
+    """When the save a save incident is about began, as far as its evidence shows: the
+    earliest event it cites as part of the save (UTC); its ``first_ts`` when it cites none."""
+    return min((e.ts for e in inc.evidence if e.role == "save"), default=inc.first_ts)
+
+
+def save_of(inc: Incident, saves: dict[int, SaveState]) -> SaveState | None:
+    """The save (attempt) of ``saves`` that save incident ``inc`` is about: same step, and
+    one of the save events it cites; None when there is none."""
+    cited = {(e.source_id, e.offset) for e in inc.evidence if e.role == "save"}
+    for s in saves.values():
+        if s.step == inc.step and any(e.ref in cited for e in (*s.started.values(), *s.finished.values(),
+                                                               *s.failed.values())):
+            return s
+    return None
+
+
+def withdrawal(inc: Incident, s: SaveState, windows: SaveWindows = SaveWindows()) -> str | None:
+    """Why save incident ``inc`` is withdrawn now that its save ``s`` is seen complete on
+    every rank (see :meth:`Incident.withdraw <ckptwatch.detectors.incident.Incident.withdraw>`);
+    None when it held all the same: a ``stalled_save`` whose last rank ended the save
+    ``stall_after`` or more after it began (event time) did stall, and is resolved instead."""
+    if not s.complete or s.first_ts is None:
+        return None
+    last = max(((s.finished.get(r) or s.implicit[r]).ts for r in s.expected), default=s.first_ts)
+    took = (last - s.first_ts).total_seconds()
+    if inc.kind == "stalled_save" and took >= windows.stall_after:
+        return None
+    late = sorted(set(inc.checkpoint_state.get("started_not_finished", []))
+                  | set(inc.checkpoint_state.get("not_started", [])))
+    who = f" of rank(s) {', '.join(map(str, late))}" if late else ""
+    within = f", within the {windows.stall_after:g} s a save may take" if inc.kind == "stalled_save" else ""
+    return (f"the save of step {s.step} finished on every rank after all, at {last:%H:%M:%S} UTC, {took:.0f} s after "
+            f"it began{within}: the end-of-save lines{who} arrived late, and the checkpoint is whole")

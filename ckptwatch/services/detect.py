@@ -13,12 +13,19 @@ job wrote, and the two jobs' events may live in different partitions. Members sh
 through two topics every member follows whole (:class:`TopicReader`): the incidents topic
 (save incidents mark checkpoints not-good) and the compacted saves topic (each save's
 completeness, world size and the saver's last losses, published by the member that owns
-the saving job).
+the saving job). What a member's own detectors find is learned at once, in-process; read
+back from a topic it is the same or older (the readers lag behind), so versions of a job
+this member owns are not learned again from the topics, nor are records the assignment's
+read to the end already gave: learning never goes back to an older version (a save
+incident withdrawn, a save seen complete, stay so).
 
 What was already published is read back from the incidents topic (id -> fingerprint of the
 latest version) when partitions are assigned; an incident is published only when it is new
-or its fingerprint changed. Offsets are committed only after the incidents that depend on
-them are acknowledged by the broker. A kill -9 between the two re-publishes at most the
+or its fingerprint changed. A new partition's detector adopts the published incidents
+(:meth:`~ckptwatch.detectors.Detector.adopt`): one it would not find again from the events
+alone (a stall concluded as wall time went by, before a restart) is still its to withdraw
+or resolve when late lines show its save finished. Offsets are committed only after the
+incidents that depend on them are acknowledged by the broker. A kill -9 between the two re-publishes at most the
 incidents of one step, with the same id and content; the sink upserts them by id.
 
 Replay reads each partition from the start of its retention: keep ``retention.ms`` of the
@@ -90,6 +97,8 @@ class DetectorMember:
         # save facts of every member: a resume is compared with the saver's world size and losses
         self.known_saves: dict[bytes, SaveFact] = {}  # by checkpoint
         self.saves = TopicReader(config.kafka, config.kafka.saves_topic, client_id="ckptwatch-detect-saves")
+        self._read_upto: dict[tuple[str, int], int] = {}  # (topic, partition) -> next offset _load_published read
+        self._adopting: set[TopicPartition] = set()  # new detectors, to adopt what was published
 
     # -- rebalance callbacks (run inside poll) ---------------------------------------------
     def _assigned(self, partitions: set[TopicPartition]) -> None:
@@ -99,6 +108,7 @@ class DetectorMember:
         self.stats.rebalances += 1
         for tp in partitions:
             self.detectors[tp] = Detector(self.detector_config)
+            self._adopting.add(tp)
             self.detectors[tp].learn(self.known_bad.values())
             self.detectors[tp].learn_saves(self.known_saves.values())
             self.position[tp] = 0
@@ -111,6 +121,7 @@ class DetectorMember:
         # step() publishes and commits before it returns, so nothing of these is in flight
         for tp in partitions:
             self.detectors.pop(tp, None)
+            self._adopting.discard(tp)
             self.replay_until.pop(tp, None)
             self.position.pop(tp, None)
             self._pending.discard(tp)
@@ -120,14 +131,36 @@ class DetectorMember:
         """What is on the incidents topic: the published versions (not to publish again) and
         the save incidents to judge resumes by; and what is on the saves topic. Both learned
         before a new partition is evaluated."""
-        known = [inc for inc in map(self._decode, read_to_end(self.config.kafka, self.config.kafka.incidents_topic,
-                                                              client_id="ckptwatch-detect")) if inc is not None]
+        incidents = self._mark_read(read_to_end(self.config.kafka, self.config.kafka.incidents_topic,
+                                                client_id="ckptwatch-detect"))
+        known = [inc for inc in map(self._decode, incidents) if inc is not None]
         for inc in known:
             self.published[inc.id] = inc.fingerprint()
+        latest = {inc.id: inc for inc in known}.values()
+        for tp in self._adopting & set(self.detectors):
+            self.detectors[tp].adopt(latest)  # what its predecessor published stays its to withdraw or resolve
+        self._adopting.clear()
         self._learn(known)
-        self._learn_saves(self._decode_saves(read_to_end(self.config.kafka, self.config.kafka.saves_topic,
-                                                         client_id="ckptwatch-detect")))
+        self._learn_saves(self._decode_saves(self._mark_read(read_to_end(self.config.kafka, self.config.kafka.saves_topic,
+                                                                         client_id="ckptwatch-detect"))))
         self._refresh_published = False
+
+    def _mark_read(self, records: list[ConsumerRecord]) -> list[ConsumerRecord]:
+        """``records`` (a topic read to its end), remembered as read: :meth:`_unread` drops
+        them when the topic's reader delivers them again."""
+        for r in records:
+            key = (r.topic, r.partition)
+            self._read_upto[key] = max(self._read_upto.get(key, 0), r.offset + 1)
+        return records
+
+    def _unread(self, records: list[ConsumerRecord]) -> list[ConsumerRecord]:
+        """What a topic's reader delivered that :meth:`_load_published` did not read already."""
+        return [r for r in records if r.offset >= self._read_upto.get((r.topic, r.partition), 0)]
+
+    def _owned(self, job: str | None) -> bool:
+        """One of this member's detectors reads ``job``'s events: what they find of it is
+        learned in-process, ahead of the topics."""
+        return any(job in det.jobs for det in self.detectors.values())
 
     def _feed(self, tp: TopicPartition, records: list[ConsumerRecord], now: dt.datetime) -> None:
         events, bad = decode_events_skipping([r.value for r in records])
@@ -170,8 +203,9 @@ class DetectorMember:
                 self._feed(tp, recs, now)
         if self._refresh_published:
             self._load_published()
-        self._learn([inc for inc in map(self._decode, self.facts.poll()) if inc is not None])
-        self._learn_saves(self._decode_saves(self.saves.poll()))
+        self._learn([inc for inc in map(self._decode, self._unread(self.facts.poll()))
+                     if inc is not None and not self._owned(inc.job)])
+        self._learn_saves([f for f in self._decode_saves(self._unread(self.saves.poll())) if not self._owned(f.job)])
         changed: list[Incident] = []
         facts: dict[bytes, SaveFact] = {}
         for _ in range(3):  # a save found in one partition may settle a resume in another

@@ -37,7 +37,7 @@ import duckdb
 import polars as pl
 
 from ckptwatch import private_files
-from ckptwatch.detectors.incident import Incident
+from ckptwatch.detectors.incident import EvidenceItem, Incident
 from ckptwatch.schema import EVENT_SCHEMA
 
 _DDL = """
@@ -253,6 +253,34 @@ class Store:
                 self.con.executemany("INSERT INTO incident_evidence VALUES (?,?,?,?,?,?,?,?,?,?,?)", rows)
             n += 1
         return n
+
+    def open_incidents(self) -> list[Incident]:
+        """The stored incidents whose status is ``open``, as last upserted (evidence
+        included): what a detector rebuilt on start adopts
+        (:meth:`~ckptwatch.detectors.Detector.adopt`), so that late lines can still withdraw
+        or resolve them."""
+        evidence: dict[str, list[EvidenceItem]] = {}
+        for iid, *item in self.con.execute(
+                'SELECT e.incident_id, e.source_id, e."offset", e.ts, e.kind, e.rank, e.host, e.rule_id, e.line, e.role '
+                "FROM incident_evidence e JOIN incidents i ON i.id = e.incident_id WHERE i.status = 'open' "
+                "ORDER BY e.incident_id, e.seq").fetchall():
+            evidence.setdefault(iid, []).append(EvidenceItem(*item))
+        out = []
+        for (iid, kind, severity, status, job, step, path, rc, collateral, cs, lg_step, lg_path, remediation,
+             first_ts, detected_ts) in self.con.execute(
+                "SELECT id, kind, severity, status, job, step, checkpoint_path, root_cause, collateral, "
+                "checkpoint_state, last_good_step, last_good_path, remediation, first_ts, detected_ts "
+                "FROM incidents WHERE status = 'open' ORDER BY id").fetchall():
+            inc = Incident.from_dict({
+                "id": iid, "kind": kind, "severity": severity, "status": status, "job": job, "step": step,
+                "checkpoint_path": path, "root_cause": json.loads(rc) if rc else None, "collateral": collateral or [],
+                "checkpoint_state": json.loads(cs) if cs else {},
+                "last_good_checkpoint": {"step": lg_step, "path": lg_path} if lg_step is not None else None,
+                "remediation": remediation, "first_ts": first_ts.isoformat(),
+                "detected_ts": detected_ts.isoformat() if detected_ts else None})
+            inc.evidence = evidence.get(iid, [])
+            out.append(inc)
+        return out
 
     def kafka_offsets(self) -> dict[tuple[str, int], int]:
         """``(topic, partition)`` -> next offset to read, as stored with the data it covers."""

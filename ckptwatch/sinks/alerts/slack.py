@@ -85,12 +85,16 @@ def message(inc: Incident, *, redactor: Redactor, action: str = "trigger", maybe
 
 
 def resolved(inc: Incident, *, maybe_duplicate: bool = False) -> dict[str, Any]:
-    """A short message closing an incident: resolved (a later save completed on every rank)
-    or superseded (its save was re-classified as another incident). ``inc`` must be
-    redacted already (:func:`message` does it)."""
-    word = "Superseded" if inc.status == "superseded" else "Resolved"
-    why = ("the save was re-classified; see the new incident" if inc.status == "superseded"
-           else "a later save of the job completed on every rank")
+    """A short message closing an incident: resolved (a later save completed on every rank),
+    withdrawn (later lines showed it never held: :attr:`Incident.withdrawn` says why) or
+    superseded (its save was re-classified as another incident). ``inc`` must be redacted
+    already (:func:`message` does it)."""
+    if inc.withdrawn:
+        word, why = "Withdrawn", inc.withdrawn
+    else:
+        word = "Superseded" if inc.status == "superseded" else "Resolved"
+        why = ("the save was re-classified; see the new incident" if inc.status == "superseded"
+               else "a later save of the job completed on every rank")
     text = f"{word}: {inc.kind} job {inc.job} step {inc.step} ({why})"
     return {"text": text, "blocks": [
         _section(f":white_check_mark: *{word}* {inc.kind}: job {inc.job} step {inc.step}\n{why}"),
