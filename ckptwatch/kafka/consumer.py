@@ -55,6 +55,12 @@ class GroupMember:
         """The group's committed offset of ``tp`` (the next offset to read), None if none."""
         return self._consumer.committed(tp)
 
+    def committed_with_metadata(self, tp: TopicPartition) -> tuple[int | None, str | None]:
+        """The group's committed offset of ``tp`` and the metadata committed with it
+        (``(None, None)`` if none)."""
+        got = self._consumer.committed(tp, metadata=True)
+        return (None, None) if got is None else (got.offset, got.metadata)
+
     def highwater(self, tp: TopicPartition) -> int | None:
         """The partition's end offset as of the last fetch (no request made); None before one."""
         return self._consumer.highwater(tp)
@@ -87,13 +93,16 @@ class GroupMember:
     def assignment(self) -> set[TopicPartition]:
         return set(self._consumer.assignment())
 
-    def commit(self, offsets: Mapping[TopicPartition, int]) -> bool:
-        """Commit ``offsets`` (next offset to read, per partition). Returns False when the
-        group rebalanced meanwhile (the new owner re-reads from the last commit: no loss)."""
+    def commit(self, offsets: Mapping[TopicPartition, int], metadata: Mapping[TopicPartition, str] | None = None) -> bool:
+        """Commit ``offsets`` (next offset to read, per partition), each with its
+        ``metadata`` string if given (at most the broker's ``offset.metadata.max.bytes``,
+        4096 by default). Returns False when the group rebalanced meanwhile (the new owner
+        re-reads from the last commit: no loss)."""
         if not offsets:
             return True
+        meta = metadata or {}
         try:
-            self._consumer.commit({tp: OffsetAndMetadata(off, "", -1) for tp, off in offsets.items()})
+            self._consumer.commit({tp: OffsetAndMetadata(off, meta.get(tp, ""), -1) for tp, off in offsets.items()})
         except (CommitFailedError, KafkaError):
             return False
         return True

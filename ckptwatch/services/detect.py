@@ -4,7 +4,7 @@ State is per partition: one :class:`~ckptwatch.detectors.Detector` per assigned 
 the events topic (a job's events all land in one partition; host events are in every
 partition). Incidents are a function of the events alone, so state needs no changelog of
 its own: when a partition is assigned (at start, after a crash, or in a rebalance), the
-member seeks to its beginning and replays it. Until the replay reaches the group's
+member replays it from where its live jobs begin (see below). Until the replay reaches the group's
 committed offset the detector is only fed, not asked for incidents, so it cannot republish
 a stale intermediate version; nor is it asked while the partition has a backlog.
 
@@ -28,8 +28,12 @@ or resolve when late lines show its save finished. Offsets are committed only af
 incidents that depend on them are acknowledged by the broker. A kill -9 between the two re-publishes at most the
 incidents of one step, with the same id and content; the sink upserts them by id.
 
-Replay reads each partition from the start of its retention: keep ``retention.ms`` of the
-events topic longer than the longest save window you care about (default 7 days).
+Replay starts where the previous owner said (:mod:`ckptwatch.services.replay`, committed
+with the offset): at the first event of the oldest job still live in the partition, so
+jobs its detector released (concluded and idle for ``release_after``) are not replayed;
+a partition committed without it is replayed from the start of its retention. Keep
+``retention.ms`` of the events topic longer than your longest job plus its save windows
+(default 7 days).
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from ckptwatch.kafka.codec import (DecodeError, decode_events_skipping, decode_i
                                    encode_incident, encode_save_fact, save_fact_key)
 from ckptwatch.kafka.consumer import GroupMember, TopicReader, read_to_end
 from ckptwatch.kafka.producer import Message, Publisher
+from ckptwatch.services.replay import ReplayStart, decode_metadata, encode_metadata
 from ckptwatch.sinks.metrics import Metrics
 
 
@@ -99,6 +104,7 @@ class DetectorMember:
         self.saves = TopicReader(config.kafka, config.kafka.saves_topic, client_id="ckptwatch-detect-saves")
         self._read_upto: dict[tuple[str, int], int] = {}  # (topic, partition) -> next offset _load_published read
         self._adopting: set[TopicPartition] = set()  # new detectors, to adopt what was published
+        self.replay_starts: dict[TopicPartition, ReplayStart] = {}  # per partition: where a new owner replays from
 
     # -- rebalance callbacks (run inside poll) ---------------------------------------------
     def _assigned(self, partitions: set[TopicPartition]) -> None:
@@ -112,6 +118,7 @@ class DetectorMember:
             self.detectors[tp].learn(self.known_bad.values())
             self.detectors[tp].learn_saves(self.known_saves.values())
             self.position[tp] = 0
+            self.replay_starts[tp] = ReplayStart()
             self._pending.add(tp)
         if partitions:
             self.member.seek_to_beginning(partitions)
@@ -122,6 +129,7 @@ class DetectorMember:
         for tp in partitions:
             self.detectors.pop(tp, None)
             self._adopting.discard(tp)
+            self.replay_starts.pop(tp, None)
             self.replay_until.pop(tp, None)
             self.position.pop(tp, None)
             self._pending.discard(tp)
@@ -171,6 +179,10 @@ class DetectorMember:
         replaying = sum(1 for r in records if r.offset < self.replay_until.get(tp, 0))
         self.stats.replayed += replaying
         self.stats.events += events.height
+        skipped = {i for i, _ in bad}
+        offsets = [r.offset for i, r in enumerate(records) if i not in skipped]
+        if len(offsets) == events.height:  # one event per message
+            self.replay_starts[tp].note(events["job"].to_list(), offsets)
         self.detectors[tp].process(events.iter_rows(named=True), now=now)
         self.position[tp] = records[-1].offset + 1
 
@@ -193,11 +205,19 @@ class DetectorMember:
         records = self.member.poll(self.poll_timeout)
         now = now or dt.datetime.now(dt.timezone.utc)
         for tp in list(self._pending):
-            self.replay_until[tp] = self.member.committed(tp) or 0
+            committed, meta = self.member.committed_with_metadata(tp)
+            self.replay_until[tp] = committed or 0
+            start = decode_metadata(meta)
+            if start is not None and 0 < start <= self.replay_until[tp] and tp in self.detectors:
+                self.position[tp] = start  # the jobs before it were released: not replayed
+                self.replay_starts[tp].begin_at(start)
+                self.member.seek(tp, start)
             self._pending.discard(tp)
         by_tp: dict[TopicPartition, list[ConsumerRecord]] = {}
         for r in records:
-            by_tp.setdefault(TopicPartition(r.topic, r.partition), []).append(r)
+            tp = TopicPartition(r.topic, r.partition)
+            if r.offset >= self.position.get(tp, 0):  # not one fetched before a seek to the replay start
+                by_tp.setdefault(tp, []).append(r)
         for tp, recs in by_tp.items():
             if tp in self.detectors:
                 self._feed(tp, recs, now)
@@ -217,6 +237,10 @@ class DetectorMember:
             changed += found
             if not (self._learn(found) | self._learn_saves(new_facts)):
                 break
+        for tp, det in self.detectors.items():
+            released = det.take_released()
+            if released:
+                self.replay_starts[tp].release(job for job, _ in released)
         changed = list({inc.id: inc for inc in changed}.values())  # the latest version of each
         msgs = []
         for inc in changed:
@@ -233,7 +257,8 @@ class DetectorMember:
             failpoints.hit("detect.after_publish")
         commits = {tp: self.position[tp] for tp in by_tp
                    if tp in self.position and self.position[tp] > self.replay_until.get(tp, 0)}
-        self.member.commit(commits)
+        self.member.commit(commits, {tp: encode_metadata(self.replay_starts[tp].start(off))
+                                     for tp, off in commits.items() if tp in self.replay_starts})
         self.metrics.observe_incidents(inc for inc in changed if inc.id in first)
         self.metrics.observe_detectors(self.detectors.values(), now)
         self.metrics.set_consumer_lag(self.config.detect.group, self.member.lag())
