@@ -97,3 +97,22 @@ def test_checkpoint_root_through_kafka(kafka_bootstrap, tmp_path):
     finish(ckptwatch(["run", "--kafka", kafka_bootstrap, "--logs", str(logs), "--db", str(db), "--once",
                       "--checkpoint-root", str(root)], cli_env(cfg)), timeout=180)
     assert _stored(db) == [("corrupt_checkpoint", 60, str(root / "checkpoint-60"), "open")]
+
+
+def test_limits_come_from_the_collect_settings(tmp_path):
+    from types import SimpleNamespace
+
+    from ckptwatch.integrity.errors import IntegrityError
+
+    def settings(**kw):
+        return SimpleNamespace(checkpoint_roots=[str(tmp_path)], verify_log=str(tmp_path / "v.log"), verify_settle=1.0,
+                               **kw)
+
+    w = CheckpointWatcher.from_settings(settings(verify_limits=["max_zip_entries=10", "inflate_floor=1M"]))
+    assert (w.limits.max_zip_entries, w.limits.inflate_floor, w.limits.max_tensors) == (10, 1 << 20, 200_000)
+    w.close()
+    w = CheckpointWatcher.from_settings(settings())  # settings without the field: the defaults
+    assert w.limits.max_zip_entries == 262_144
+    w.close()
+    with pytest.raises(IntegrityError, match="verify_limits: nope=1: unknown limit"):
+        CheckpointWatcher.from_settings(settings(verify_limits=["nope=1"]))

@@ -20,6 +20,7 @@ torchrun's ``RANK`` / ``WORLD_SIZE`` environment variables.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from typing import Any
 from ckptwatch.integrity import manifest as manifest_mod
 from ckptwatch.integrity import verify as verify_mod
 from ckptwatch.integrity.findings import Verdict, worst
+from ckptwatch.integrity.limits import Limits
 from ckptwatch.integrity.logline import Emit, emit_to_stderr, format_line
 from ckptwatch.integrity.manifest import Manifest, step_from_name
 from ckptwatch.integrity.verify import Report
@@ -95,14 +97,17 @@ def write_manifest(directory: str | os.PathLike[str], *, step: int | None = None
 
 
 def verify(directory: str | os.PathLike[str], *, manifest: str | os.PathLike[str] | None = None,
-           rank: int | None = None, emit: Emit | None = None) -> Report:
+           rank: int | None = None, emit: Emit | None = None, limits: Limits | None = None,
+           stop: threading.Event | None = None) -> Report:
     """Verify the checkpoint ``directory`` (:func:`ckptwatch.integrity.verify.verify`: hashes
-    against its manifest when there is one, and every structural check) and print an
-    ``integrity`` line. Returns the :class:`~ckptwatch.integrity.verify.Report`.
+    against its manifest when there is one, and every structural check, bounded by
+    ``limits``) and print an ``integrity`` line. Returns the
+    :class:`~ckptwatch.integrity.verify.Report`.
 
     Raises :class:`~ckptwatch.integrity.errors.IntegrityError` when the directory cannot be
-    listed; problems inside it are in the report."""
-    report = verify_mod.verify(Path(directory).absolute(), manifest=manifest)
+    listed, :class:`~ckptwatch.integrity.limits.Cancelled` (no line printed) once ``stop``
+    is set; problems inside it are in the report."""
+    report = verify_mod.verify(Path(directory).absolute(), manifest=manifest, limits=limits, stop=stop)
     rank, world_size = _who(rank, None)
     m = report.manifest
     step = m.step if m is not None and m.step is not None else step_from_name(Path(directory).name)

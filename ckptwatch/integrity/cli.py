@@ -1,8 +1,8 @@
 """Command line of the integrity checks: ``ckptwatch manifest`` and ``ckptwatch verify``.
 
-    ckptwatch manifest DIR [--world-size N] [--step N]   # write DIR/ckptwatch-manifest.json
+    ckptwatch manifest DIR [--world-size N] [--step N] [--limit NAME=VALUE ...]   # write DIR/ckptwatch-manifest.json
     ckptwatch manifest diff A B [--json]                  # A, B: checkpoint dirs or manifest files
-    ckptwatch verify DIR [--manifest PATH] [--json] [--all] [--workers N]
+    ckptwatch verify DIR [--manifest PATH] [--json] [--all] [--workers N] [--limit NAME=VALUE ...]
 
 Exit codes: ``manifest`` 0 written, 1 written but the checkpoint already fails a check
 (printed), 2 not written (usage or input error, a file unreadable or changing while
@@ -62,6 +62,21 @@ manifest_app = typer.Typer(
          "ckptwatch manifest diff A B: the files that differ between two checkpoints (directories, using "
          "their manifest or hashing them now, or manifest files). Exit 0 same, 1 differ, 2 usage error.\n\n"
          "(A directory named like a subcommand: ckptwatch manifest create ./diff.)")
+
+
+_LIMIT_HELP = ("Raise or lower a bound on the work (repeatable; k/M/G suffixes): max_zip_entries, inflate_ratio, "
+               "inflate_floor, max_member_inflated, max_total_inflated, max_tensors, max_json_bytes, "
+               "max_json_containers, max_json_items, max_pickle_bytes. Past one: limit_exceeded (unverifiable).")
+
+
+def _limits(assignments: list[str] | None) -> Any:
+    """:class:`~ckptwatch.integrity.limits.Limits` with ``--limit`` applied (a usage error otherwise)."""
+    from ckptwatch.integrity.limits import Limits
+
+    try:
+        return Limits().replace(assignments or [])
+    except ValueError as e:
+        raise _fail(f"--limit {e}") from None
 
 
 def _fail(msg: str, code: int = 2) -> typer.Exit:
@@ -126,15 +141,17 @@ def manifest_create(
     step: Annotated[int | None, typer.Option("--step", min=0, help="Training step (default: from the directory "
                                              "name: checkpoint-40, iter_0000040, global_step40, step_0000040).")] = None,
     workers: Annotated[int | None, typer.Option("--workers", min=1, help="Hashing threads (default: one per core).")] = None,
+    limit: Annotated[list[str] | None, typer.Option("--limit", metavar="NAME=VALUE", help=_LIMIT_HELP)] = None,
 ) -> None:
     """Hash every file of DIR and write DIR/ckptwatch-manifest.json (atomically)."""
     from ckptwatch.integrity.errors import IntegrityError
     from ckptwatch.integrity.manifest import create_manifest, manifest_path
 
+    limits = _limits(limit)
     try:
         with _progress("hashing") as (progress, on_listed):
             m, s = create_manifest(directory, world_size=world_size, step=step, workers=workers, progress=progress,
-                                   on_listed=on_listed)
+                                   on_listed=on_listed, limits=limits)
     except IntegrityError as e:
         raise _fail(str(e)) from None
     except KeyboardInterrupt:
@@ -259,6 +276,7 @@ def verify_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     show_all: Annotated[bool, typer.Option("--all", help="List every file, not only the problems.")] = False,
     workers: Annotated[int | None, typer.Option("--workers", min=1, help="Hashing threads (default: one per core).")] = None,
+    limit: Annotated[list[str] | None, typer.Option("--limit", metavar="NAME=VALUE", help=_LIMIT_HELP)] = None,
 ) -> None:
     """Verify a checkpoint before resuming from it: hashes against its manifest, every file's
     structure, and the directory as a whole (DCP .metadata vs shards, HF index, DeepSpeed latest).
@@ -269,9 +287,11 @@ def verify_cmd(
     from ckptwatch.integrity.errors import IntegrityError
     from ckptwatch.integrity.verify import verify
 
+    limits = _limits(limit)
     try:
         with _progress("verifying") as (progress, on_listed):
-            report = verify(directory, manifest=manifest, workers=workers, progress=progress, on_listed=on_listed)
+            report = verify(directory, manifest=manifest, workers=workers, progress=progress, on_listed=on_listed,
+                            limits=limits)
     except IntegrityError as e:
         raise _fail(str(e)) from None
     except KeyboardInterrupt:

@@ -13,3 +13,8 @@ class IntegrityError(Exception):
 class ManifestError(IntegrityError):
     """A manifest that cannot be read (damaged JSON, a missing or ill-typed field, a newer
     format version) or written. The message names the file, and the field where one is at fault."""
+
+
+class ManifestPathEscape(ManifestError):
+    """A manifest listing a path that is absolute or climbs out of the checkpoint with ``..``
+    (``verify`` reports it as the finding ``path_escape`` and compares nothing)."""

@@ -10,6 +10,10 @@ or the bytes read differ from its size) gives a :class:`HashResult` with problem
 ``changed_while_hashing`` and no digest, never a digest of bytes that were never on disk
 together. Files that vanish, cannot be opened or fail to read give a result with a problem
 code too; nothing here raises for one bad file.
+
+A ``stop`` event (the checkpoint watcher's, set when it is closed) is checked after every
+chunk: once set, :func:`hash_files` raises :class:`~ckptwatch.integrity.limits.Cancelled`
+within one chunk per worker (milliseconds), whatever the files' sizes.
 """
 
 from __future__ import annotations
@@ -26,11 +30,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from ckptwatch.integrity.formats.confine import PathEscape, open_fd_inside, stat_inside
+from ckptwatch.integrity.limits import Cancelled
+
 #: Bytes read per ``readinto`` call (and hashed per ``update``).
 CHUNK_SIZE = 4 << 20
 
 #: Problem codes of a :class:`HashResult` that has no digest.
-PROBLEMS = ("vanished", "permission_denied", "not_regular", "read_error", "changed_while_hashing")
+PROBLEMS = ("vanished", "permission_denied", "not_regular", "read_error", "changed_while_hashing", "symlink_outside")
 
 T = TypeVar("T")
 
@@ -83,13 +90,17 @@ def _changed(before: os.stat_result, after: os.stat_result, now: os.stat_result 
 
 
 def hash_file(path: str | os.PathLike[str], *, chunk_size: int = CHUNK_SIZE,
-              progress: Progress | None = None, name: str | None = None) -> HashResult:
+              progress: Progress | None = None, name: str | None = None,
+              root: str | os.PathLike[str] | None = None) -> HashResult:
     """SHA-256 of the regular file at ``path`` (symlinks followed), read ``chunk_size`` bytes at a time.
 
     ``progress(n)`` gets each chunk's byte count. ``name`` is the ``path`` of the result
-    (default: ``path``). Never raises for the file itself: a missing file, permission
-    denied, a FIFO or device (never opened for reading: it could block), an I/O error or a
-    file that changed while it was read each give a result with ``problem`` set.
+    (default: ``path``). With ``root``, ``path`` is relative to it and is resolved and opened
+    without ever leaving it (:mod:`.formats.confine`): a symlink leading out, even one
+    swapped in while the directory is checked, gives ``symlink_outside``. Never raises for
+    the file itself: a missing file, permission denied, a FIFO or device (never opened for
+    reading: it could block), an I/O error or a file that changed while it was read each
+    give a result with ``problem`` set.
     """
     label = name if name is not None else os.fspath(path)
     t0 = time.perf_counter()
@@ -97,12 +108,18 @@ def hash_file(path: str | os.PathLike[str], *, chunk_size: int = CHUNK_SIZE,
     def fail(problem: str, detail: str, size: int | None = None, mtime: int | None = None) -> HashResult:
         return HashResult(label, size, None, mtime, time.perf_counter() - t0, problem, detail)
 
+    def stat_now() -> os.stat_result:
+        return os.stat(path) if root is None else stat_inside(root, os.fspath(path))
+
     try:
-        st0 = os.stat(path)
+        st0 = stat_now()
         if not stat.S_ISREG(st0.st_mode):
             return fail("not_regular", "not a regular file (a FIFO, socket or device): not read")
         # O_NONBLOCK: a FIFO swapped in after the stat must not block the open; no effect on regular files.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+        fd = os.open(path, flags) if root is None else open_fd_inside(root, os.fspath(path), flags)
+    except PathEscape as e:
+        return fail("symlink_outside", f"{e}: not read")
     except FileNotFoundError:
         return fail("vanished", "no longer exists (deleted or renamed while checking)")
     except PermissionError as e:
@@ -136,8 +153,8 @@ def hash_file(path: str | os.PathLike[str], *, chunk_size: int = CHUNK_SIZE,
     finally:
         os.close(fd)
     try:
-        now: os.stat_result | None = os.stat(path)
-    except OSError:
+        now: os.stat_result | None = stat_now()
+    except (OSError, PathEscape):
         now = None
     changed = _changed(before, after, now, nread)
     if changed:
@@ -157,7 +174,8 @@ def default_workers() -> int:
 
 def hash_files(root: str | os.PathLike[str], rels: Sequence[str], *, workers: int | None = None,
                chunk_size: int = CHUNK_SIZE, progress: Progress | None = None,
-               then: Callable[[HashResult], T] | None = None) -> dict[str, tuple[HashResult, T | None]]:
+               then: Callable[[HashResult], T] | None = None, stop: threading.Event | None = None
+               ) -> dict[str, tuple[HashResult, T | None]]:
     """SHA-256 of each file ``root/rel`` on ``workers`` threads (default :func:`default_workers`).
 
     ``rels`` are POSIX paths relative to ``root``. Largest files are started first, so one
@@ -166,6 +184,8 @@ def hash_files(root: str | os.PathLike[str], rels: Sequence[str], *, workers: in
     given, runs in the same worker right after a file is hashed, while it is still in the
     page cache (``verify`` runs the structural check there); its return value is the second
     element of the pair (None without ``then``). Exceptions from ``then`` propagate.
+    ``stop``: once set, raises :class:`~ckptwatch.integrity.limits.Cancelled` (checked after
+    every chunk and before every file).
 
     Returns ``{rel: (HashResult, then_value)}`` in the order of ``rels``.
     """
@@ -174,32 +194,40 @@ def hash_files(root: str | os.PathLike[str], rels: Sequence[str], *, workers: in
 
     def size(rel: str) -> int:
         try:
-            return os.stat(base / rel).st_size
-        except OSError:
+            return stat_inside(base, rel).st_size
+        except (OSError, PathEscape):
             return 0
 
+    def stopped() -> None:
+        if stop is not None and stop.is_set():
+            raise Cancelled("verification stopped before it finished (the checkpoint watcher was closed)")
+
     def one(rel: str, prog: Progress | None) -> tuple[HashResult, T | None]:
-        r = hash_file(base / rel, chunk_size=chunk_size, progress=prog, name=rel)
+        stopped()
+        r = hash_file(rel, chunk_size=chunk_size, progress=prog, name=rel, root=base)
+        stopped()  # a file hashed while the stop came (hash_file reports no exception of its own)
         return r, (then(r) if then is not None else None)
 
     order = sorted(rels, key=size, reverse=True)
-    if n == 1 or len(order) <= 1:
-        done = {rel: one(rel, progress) for rel in order}
-        return {rel: done[rel] for rel in rels}
-    stop = threading.Event()
+    interrupted = threading.Event()
 
     def checked_progress(k: int) -> None:
-        if stop.is_set():  # the caller gave up (Ctrl-C): workers stop mid-file instead of hashing on
+        if interrupted.is_set():  # the caller gave up (Ctrl-C): workers stop mid-file instead of hashing on
             raise _Cancelled
+        stopped()
         if progress is not None:
             progress(k)
+
+    if n == 1 or len(order) <= 1:
+        done = {rel: one(rel, checked_progress) for rel in order}
+        return {rel: done[rel] for rel in rels}
 
     pool = ThreadPoolExecutor(max_workers=min(n, len(order)), thread_name_prefix="ckptwatch-hash")
     try:
         futures = {rel: pool.submit(one, rel, checked_progress) for rel in order}
         done = {rel: f.result() for rel, f in futures.items()}
     except BaseException:
-        stop.set()
+        interrupted.set()
         raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)

@@ -22,6 +22,11 @@ names, else the ranks of DCP shard files ``__R_I.distcp``, DeepSpeed
 The file is written atomically (temporary file in the same directory, write, flush,
 fsync, ``os.replace``, fsync of the directory): after a crash it is whole or absent, and a
 previous manifest stays whole until the new one replaces it.
+
+A manifest lies inside the checkpoint, so it is read as hostile input: at most
+:data:`MAX_MANIFEST` bytes, its JSON structure counted before parsing
+(:mod:`.formats.jsonlimits`, scaled to its size), and a ``path`` that is absolute, climbs out
+with ``..`` or holds a NUL byte is refused (:class:`~.errors.ManifestPathEscape`).
 """
 
 from __future__ import annotations
@@ -39,7 +44,10 @@ from pathlib import Path
 from typing import Any
 
 from ckptwatch import __version__
-from ckptwatch.integrity.errors import ManifestError
+from ckptwatch.integrity.errors import ManifestError, ManifestPathEscape
+from ckptwatch.integrity.formats.confine import PathEscape, join_inside
+from ckptwatch.integrity.formats.jsonlimits import JsonLimitError, check_shape
+from ckptwatch.integrity.limits import Budget, Limits
 from ckptwatch.integrity.scan import Scan, scan
 from ckptwatch.integrity.tree import Tree
 
@@ -47,6 +55,8 @@ from ckptwatch.integrity.tree import Tree
 MANIFEST_NAME = "ckptwatch-manifest.json"
 #: Version written in ``ckptwatch_manifest``; readers refuse newer ones.
 FORMAT_VERSION = 1
+#: Largest manifest read (bytes): about four million files.
+MAX_MANIFEST = 1 << 30
 
 _TMP_PREFIX = "." + MANIFEST_NAME + "."
 _HEX64 = re.compile(r"[0-9a-f]{64}")
@@ -161,8 +171,15 @@ class Manifest:
             if not isinstance(f, dict):
                 raise bad(where, "not an object")
             path, size, sha, fmt, facts = (f.get(k) for k in ("path", "size", "sha256", "format", "facts"))
-            if not isinstance(path, str) or not path or path.startswith("/") or ".." in path.split("/"):
+            if not isinstance(path, str) or not path:
                 raise bad(f"{where}.path", f"{path!r} is not a relative path inside the checkpoint")
+            try:
+                normal = join_inside("", path)
+            except PathEscape as e:
+                raise ManifestPathEscape(f"{source}: {where}.path: {path[:300]!r} is not a relative path inside "
+                                         f"the checkpoint ({str(e)[:300]}); nothing compared") from None
+            if normal != path:
+                raise bad(f"{where}.path", f"{path!r} is not a normalized relative path (written {normal!r})")
             if not isinstance(size, int) or isinstance(size, bool) or size < 0:
                 raise bad(f"{where}.size", f"{size!r} is not a size in bytes ({path})")
             if not isinstance(sha, str) or not _HEX64.fullmatch(sha):
@@ -183,9 +200,10 @@ class Manifest:
 def read_manifest(path: str | os.PathLike[str]) -> Manifest:
     """Read a manifest file (or the manifest inside a checkpoint directory).
 
-    Raises :class:`ManifestError` naming the file: it does not exist, cannot be read, is not
-    UTF-8 JSON (e.g. torn by a copy), or a field is missing or ill-typed (named, e.g.
-    ``files[3].sha256``).
+    Raises :class:`ManifestError` naming the file: it does not exist, cannot be read, is
+    larger than :data:`MAX_MANIFEST` or holds more JSON structure than its size explains, is
+    not UTF-8 JSON (e.g. torn by a copy), or a field is missing or ill-typed (named, e.g.
+    ``files[3].sha256``); :class:`~.errors.ManifestPathEscape` for a path leading outside.
     """
     given = Path(path)
     p = manifest_path(given) if given.is_dir() else given
@@ -193,12 +211,22 @@ def read_manifest(path: str | os.PathLike[str]) -> Manifest:
         st = p.stat()
         if not stat.S_ISREG(st.st_mode):  # a FIFO would block the open forever (a training job's guard_resume too)
             raise ManifestError(f"{p}: not a regular file: not read")
-        raw = p.read_bytes()
+        if st.st_size > MAX_MANIFEST:
+            raise ManifestError(f"{p}: {st.st_size} bytes, larger than any manifest ({MAX_MANIFEST}): not read")
+        with open(p, "rb") as f:
+            raw = f.read(MAX_MANIFEST + 1)
     except FileNotFoundError:
         hint = f" (write one with: ckptwatch manifest {given})" if given.is_dir() else ""
         raise ManifestError(f"{p}: no manifest{hint}") from None
     except OSError as e:
         raise ManifestError(f"{p}: cannot read: {e.strerror or e}") from None
+    d = Limits()  # a manifest holds about 3 containers and 12 values per 250-byte file entry
+    scaled = Limits(max_json_bytes=MAX_MANIFEST, max_json_containers=max(d.max_json_containers, len(raw) // 64),
+                    max_json_items=max(d.max_json_items, len(raw) // 8))
+    try:
+        check_shape(raw, scaled, "the manifest")
+    except JsonLimitError as e:
+        raise ManifestError(f"{p}: damaged: {e}") from None
     try:
         doc = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as e:
@@ -207,6 +235,8 @@ def read_manifest(path: str | os.PathLike[str]) -> Manifest:
         raise ManifestError(f"{p}: damaged: not valid JSON at line {e.lineno} column {e.colno} ({e.msg})") from None
     except RecursionError:
         raise ManifestError(f"{p}: damaged: JSON nested too deeply") from None
+    except ValueError as e:  # e.g. an integer of more than 4300 digits (CPython's int_max_str_digits)
+        raise ManifestError(f"{p}: damaged: not usable JSON: {str(e)[:200]}") from None
     return Manifest.from_json(doc, str(p))
 
 
@@ -282,17 +312,20 @@ def from_scan(s: Scan, *, world_size: int | None = None, step: int | None = None
 
 def create_manifest(directory: str | os.PathLike[str], *, world_size: int | None = None, step: int | None = None,
                     workers: int | None = None, progress: Callable[[int], None] | None = None,
-                    on_listed: Callable[[Tree], None] | None = None, write: bool = True) -> tuple[Manifest, Scan]:
+                    on_listed: Callable[[Tree], None] | None = None, write: bool = True,
+                    limits: Limits | None = None) -> tuple[Manifest, Scan]:
     """Hash and check every file of ``directory`` and write its manifest (unless ``write=False``).
 
     Returns the manifest and the scan (whose structural findings the caller reports: a
     manifest records what is on disk, even a checkpoint that already fails a check).
-    ``progress`` / ``on_listed`` / ``workers`` are those of :func:`~ckptwatch.integrity.scan.scan`.
+    ``progress`` / ``on_listed`` / ``workers`` are those of :func:`~ckptwatch.integrity.scan.scan`;
+    ``limits`` bound the structural checks (:class:`~ckptwatch.integrity.limits.Limits`).
     Raises :class:`~ckptwatch.integrity.errors.IntegrityError` when the directory cannot be
     listed, :class:`ManifestError` when a file could not be hashed (unreadable, changing while
     hashed: a manifest must only vouch for stable bytes) or the manifest cannot be written.
     """
-    s = scan(directory, workers=workers, progress=progress, on_listed=on_listed, exclude=is_manifest_file)
+    s = scan(directory, workers=workers, progress=progress, on_listed=on_listed, exclude=is_manifest_file,
+             budget=Budget(limits))
     if not s.files and not s.tree.findings:
         raise ManifestError(f"{s.root}: no manifest written: the directory holds no file")
     bad = [f"{rel} ({sc.hash.detail})" for rel, sc in s.files.items() if not sc.hash.ok]

@@ -27,11 +27,18 @@ structural check for its format is ``unverifiable`` unless the manifest vouches 
 bytes. Files that cannot be read: ``permission_denied`` / ``changed_while_hashing`` (a
 writer still has it open) / ``not_regular`` are unverifiable, ``vanished`` is incomplete, an
 I/O error (``read_error``) is corrupt. Symlinks: see :mod:`ckptwatch.integrity.tree`.
+
+**Hostile checkpoints** (issue 14): the work is bounded by :class:`~.limits.Limits`
+(``limit_exceeded``, unverifiable, past a bound); no path taken from a file is followed out
+of the directory (``path_escape``, corrupt; the default manifest is only read when it
+resolves inside); every pickle is read by the restricted unpickler (``unsafe_pickle``). A
+``stop`` event ends a verification within a chunk (:class:`~.limits.Cancelled`).
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -39,9 +46,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ckptwatch.integrity.errors import IntegrityError, ManifestError
-from ckptwatch.integrity.hashing import CHUNK_SIZE
+from ckptwatch.integrity.errors import IntegrityError, ManifestError, ManifestPathEscape
 from ckptwatch.integrity.findings import VERDICTS, Finding, Verdict, worst
+from ckptwatch.integrity.formats.confine import PathEscape, join_inside, resolve_inside
+from ckptwatch.integrity.hashing import CHUNK_SIZE
+from ckptwatch.integrity.limits import Budget, Limits
 from ckptwatch.integrity.manifest import MANIFEST_NAME, Manifest, is_manifest_file, manifest_path, read_manifest
 from ckptwatch.integrity.scan import Scanned, scan
 from ckptwatch.integrity.tree import Tree
@@ -51,7 +60,7 @@ __all__ = ["HASH_PROBLEM_VERDICT", "FileReport", "IntegrityError", "ManifestErro
 #: Verdict of each hashing problem (see :data:`ckptwatch.integrity.hashing.PROBLEMS`).
 HASH_PROBLEM_VERDICT: dict[str, Verdict] = {
     "vanished": "incomplete", "permission_denied": "unverifiable", "not_regular": "unverifiable",
-    "read_error": "corrupt", "changed_while_hashing": "unverifiable",
+    "read_error": "corrupt", "changed_while_hashing": "unverifiable", "symlink_outside": "unverifiable",
 }
 
 
@@ -145,7 +154,16 @@ def _load_manifest(root: Path, manifest: str | os.PathLike[str] | Manifest | Non
     if not os.path.lexists(p):
         return None, None, None
     try:
-        return read_manifest(p), p, None
+        real = resolve_inside(root, MANIFEST_NAME)  # a symlink to another checkpoint's manifest: never followed
+    except PathEscape as e:
+        return None, p, Finding(MANIFEST_NAME, "unverifiable", "symlink_outside",
+                                f"{e}: not read; hashes not compared")
+    except OSError:
+        real = MANIFEST_NAME  # dangling, a loop...: read_manifest says what is wrong
+    try:
+        return read_manifest(root / real), p, None
+    except ManifestPathEscape as e:
+        return None, p, Finding(MANIFEST_NAME, "corrupt", "path_escape", str(e))
     except ManifestError as e:
         return None, p, Finding(MANIFEST_NAME, "corrupt", "bad_manifest",
                                 f"{e}; hashes not compared (the storage under this checkpoint may be damaged)")
@@ -189,9 +207,18 @@ def _file_report(rel: str, sc: Scanned, m: Manifest | None) -> FileReport:
     return r
 
 
+def _inside(rel: str) -> bool:
+    """True when ``rel`` names a path inside the checkpoint (never stat a path that leaves it)."""
+    try:
+        return join_inside("", rel) == rel
+    except PathEscape:
+        return False
+
+
 def verify(directory: str | os.PathLike[str], *, manifest: str | os.PathLike[str] | Manifest | None = None,
            workers: int | None = None, progress: Callable[[int], None] | None = None,
-           on_listed: Callable[[Tree], None] | None = None, chunk_size: int = CHUNK_SIZE) -> Report:
+           on_listed: Callable[[Tree], None] | None = None, chunk_size: int = CHUNK_SIZE,
+           limits: Limits | None = None, stop: threading.Event | None = None) -> Report:
     """Verify the checkpoint ``directory`` (see the module docstring for the verdicts).
 
     ``manifest``: None uses ``directory/ckptwatch-manifest.json`` when it exists (a damaged
@@ -199,12 +226,16 @@ def verify(directory: str | os.PathLike[str], *, manifest: str | os.PathLike[str
     or checkpoint directory) or a :class:`Manifest` is used instead. ``workers``: hashing
     threads (default: one per core). ``progress(n)``: bytes hashed, from worker threads.
     ``on_listed(tree)``: called before hashing (total size for a progress bar).
-    ``chunk_size``: bytes read at a time per file.
+    ``chunk_size``: bytes read at a time per file. ``limits``: bounds on the work
+    (:class:`~ckptwatch.integrity.limits.Limits`, default its defaults). ``stop``: an event
+    that, once set, ends the verification within one chunk per thread.
 
     Raises :class:`~ckptwatch.integrity.errors.IntegrityError` when ``directory`` does not
-    exist, is not a directory or cannot be listed, and
+    exist, is not a directory or cannot be listed,
     :class:`~ckptwatch.integrity.errors.ManifestError` when an explicitly given manifest
-    cannot be read. Everything wrong inside the checkpoint is a finding, never an exception.
+    cannot be read, and :class:`~ckptwatch.integrity.limits.Cancelled` (an
+    ``IntegrityError``) once ``stop`` is set. Everything wrong inside the checkpoint is a
+    finding, never an exception.
     """
     t0 = time.perf_counter()
     root = Path(directory)
@@ -213,7 +244,7 @@ def verify(directory: str | os.PathLike[str], *, manifest: str | os.PathLike[str
     check_root(root)
     m, m_path, m_problem = _load_manifest(root, manifest)
     s = scan(root, workers=workers, progress=progress, on_listed=on_listed, exclude=is_manifest_file,
-             chunk_size=chunk_size)
+             chunk_size=chunk_size, budget=Budget(limits, stop))
     reports: dict[str, FileReport] = {rel: _file_report(rel, sc, m) for rel, sc in s.files.items()}
     top: list[Finding] = []
     if m_problem is not None:
@@ -239,7 +270,7 @@ def verify(directory: str | os.PathLike[str], *, manifest: str | os.PathLike[str
     for f in s.tree_findings:
         if f.path in reports:
             reports[f.path].add(f)
-        elif not f.path or f.path.endswith("/") or os.path.isdir(root / f.path):
+        elif not f.path or f.path.endswith("/") or not _inside(f.path) or os.path.isdir(root / f.path):
             top.append(f)
         else:  # a file a directory-level check names that is not on disk (a shard .metadata expects)
             reports[f.path] = FileReport(f.path, "ok", in_manifest=None if m is None else f.path in m.files)

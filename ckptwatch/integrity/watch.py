@@ -13,6 +13,13 @@ again only when its files change (count, total bytes or newest mtime).
 Verification runs on one background thread so tailing goes on while a large checkpoint
 is hashed. What was verified (path -> signature) is kept in ``<log>.state.json``, replaced
 atomically, so a restart does not verify everything again.
+
+:meth:`CheckpointWatcher.close` (called when the collector stops: Ctrl-C, SIGTERM) sets a
+stop event that the verification checks after every chunk it hashes or inflates and between
+zip members, so it returns within milliseconds even mid-way through a huge checkpoint or a
+zip bomb; the interrupted checkpoint is not recorded as verified and is verified again after
+a restart. Every verification is bounded by ``limits``
+(:class:`~ckptwatch.integrity.limits.Limits`).
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from pathlib import Path
 from ckptwatch.config import CollectSettings
 from ckptwatch.integrity import api
 from ckptwatch.integrity.errors import IntegrityError
+from ckptwatch.integrity.limits import Cancelled, Limits
 from ckptwatch.integrity.logline import stamped
 from ckptwatch.integrity.manifest import step_from_name
 
@@ -55,16 +63,18 @@ def signature(directory: Path) -> Signature | None:
 
 class CheckpointWatcher:
     """Verifies settled checkpoints under ``roots`` and appends their ``integrity`` lines to
-    ``log``. ``settle`` in seconds. Call :meth:`poll` regularly; :meth:`close` waits for the
-    verification in progress.
+    ``log``. ``settle`` in seconds; ``limits`` bound each verification. Call :meth:`poll`
+    regularly; :meth:`close` stops the verification in progress (promptly) and the thread.
 
     Raises :class:`~ckptwatch.integrity.errors.IntegrityError` at start when ``log`` cannot
     be created or its state file is damaged."""
 
-    def __init__(self, roots: list[str], log: str, *, settle: float = 30.0) -> None:
+    def __init__(self, roots: list[str], log: str, *, settle: float = 30.0, limits: Limits | None = None) -> None:
         self.roots = [Path(r) for r in roots]
         self.log = Path(log)
         self.settle = settle
+        self.limits = limits or Limits()
+        self._stop = threading.Event()
         self.state_path = Path(f"{log}.state.json")
         try:
             self.log.touch(exist_ok=True)
@@ -78,10 +88,18 @@ class CheckpointWatcher:
 
     @classmethod
     def from_settings(cls, collect: CollectSettings) -> CheckpointWatcher | None:
-        """The watcher of ``collect.checkpoint_roots`` (None when there are none)."""
+        """The watcher of ``collect.checkpoint_roots`` (None when there are none). Limits come
+        from ``collect.verify_limits`` (``NAME=VALUE`` strings, see
+        :meth:`~ckptwatch.integrity.limits.Limits.replace`) when the settings have it.
+
+        Raises :class:`~ckptwatch.integrity.errors.IntegrityError` for an unknown or bad limit."""
         if not collect.checkpoint_roots:
             return None
-        return cls(collect.checkpoint_roots, collect.verify_log, settle=collect.verify_settle)
+        try:
+            limits = Limits().replace(list(getattr(collect, "verify_limits", None) or []))
+        except ValueError as e:
+            raise IntegrityError(f"verify_limits: {e}") from None
+        return cls(collect.checkpoint_roots, collect.verify_log, settle=collect.verify_settle, limits=limits)
 
     def _load_state(self) -> dict[str, Signature]:
         if not self.state_path.exists():
@@ -116,6 +134,8 @@ class CheckpointWatcher:
         now = time.time() if now is None else now
         started = 0
         for path in self.candidates():
+            if self._stop.is_set():
+                break
             key = str(path)
             sig = signature(path)
             if sig is None or sig[0] == 0 or self.verified.get(key) == sig or key in self._running:
@@ -132,8 +152,12 @@ class CheckpointWatcher:
         return started
 
     def _verify(self, path: Path, sig: Signature) -> None:
+        if self._stop.is_set():
+            return
         try:
-            api.verify(path, emit=self._append)
+            api.verify(path, emit=self._append, limits=self.limits, stop=self._stop)
+        except Cancelled:  # closed mid-way: not verified, so verified again after a restart
+            return
         except IntegrityError as e:  # vanished or unlistable since it was seen: say so, try again if it changes
             self.errors.append(str(e))
             return
@@ -147,5 +171,7 @@ class CheckpointWatcher:
             f.flush()
 
     def close(self) -> None:
-        """Wait for the verification in progress and stop the thread."""
-        self._pool.shutdown(wait=True)
+        """Stop: the verification in progress ends within a chunk (it is not recorded, so it
+        runs again after a restart), queued ones never start; then the thread ends."""
+        self._stop.set()
+        self._pool.shutdown(wait=True, cancel_futures=True)

@@ -24,6 +24,15 @@ What can be checked where:
   that are absent (``missing``) or shorter than its entries need (``truncated``), shards it
   does not name (``unreferenced``, a note).
 
+Hostile metadata (issue 14): a ``relative_path`` that is absolute or climbs out with ``..``
+is ``path_escape`` (corrupt) and nothing it names is looked at; storage entries whose byte
+ranges overlap (10,000 entries naming one archive) are ``overlapping_entries`` (corrupt) and
+each range is checked once; the sibling ``.metadata`` is only read when it resolves inside
+the checkpoint (:mod:`.confine`: a symlink to another checkpoint's is never followed); every
+``data.pkl`` in the shard's archives is read inertly (:mod:`.torch_zip`), and so is an entry
+that is not an archive but begins like a pickle (torch's legacy format, which ``torch.load``
+unpickles before checking anything).
+
 Not detectable structurally: entries that are not zip archives (writers with stream
 transforms / compression extensions, or a raw-bytes serialization format) carry no
 checksum, so a flipped bit in them is invisible here; only the manifest's SHA-256 catches it.
@@ -31,7 +40,6 @@ checksum, so a flipped bit in them is invisible here; only the manifest's SHA-25
 
 from __future__ import annotations
 
-import functools
 import os
 import posixpath
 import re
@@ -40,8 +48,12 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from ckptwatch.integrity.findings import Finding
-from ckptwatch.integrity.formats import zipcheck
-from ckptwatch.integrity.formats.safe_pickle import DCP_METADATA, UnsafePickleError, is_record, load_inert
+from ckptwatch.integrity.formats import torch_legacy, torch_zip, zipcheck
+from ckptwatch.integrity.formats.confine import PathEscape, join_inside, open_inside, stat_inside
+from ckptwatch.integrity.formats.pickle_file import looks_like_pickle
+from ckptwatch.integrity.formats.safe_pickle import (DCP_METADATA, PickleLimitError, UnsafePickleError, is_record,
+                                                    load_inert)
+from ckptwatch.integrity.limits import Budget, Limits
 
 METADATA_NAME = ".metadata"
 SHARD_RE = re.compile(r"^__(\d+)_(\d+)\.distcp$")
@@ -110,19 +122,27 @@ def _size_tuple(v: Any) -> tuple[int, ...] | None:
     return None
 
 
-def parse_metadata(f: BinaryIO, size: int, source: str) -> DcpMetadata:
+def parse_metadata(f: BinaryIO, size: int, source: str, limits: Limits | None = None) -> DcpMetadata:
     """Read ``.metadata`` from ``f`` (``size`` bytes) inertly and pull out its storage entries.
 
     Raises :class:`MetadataError` (``unsafe_pickle`` for a refused global, ``truncated`` when
-    the pickle stops at end of file, ``bad_pickle`` / ``bad_metadata`` otherwise).
+    the pickle stops at end of file, ``path_escape`` for a ``relative_path`` leading out of
+    the checkpoint, ``limit_exceeded`` over ``max_pickle_bytes``, ``bad_pickle`` /
+    ``bad_metadata`` otherwise).
     """
+    limits = limits or Limits()
     if size == 0:
         raise MetadataError("incomplete", "empty", "empty file (0 bytes): the metadata was never written out")
+    if size > limits.max_pickle_bytes:
+        raise MetadataError("unverifiable", "limit_exceeded", f"{size} bytes of pickle, more than the limit "
+                            f"max_pickle_bytes={limits.max_pickle_bytes}: not read")
     try:
-        obj, _ = load_inert(f, source=source, policy=DCP_METADATA, limit=size)
+        obj, _ = load_inert(f, source=source, policy=DCP_METADATA, limit=size, max_bytes=limits.max_pickle_bytes)
     except UnsafePickleError as e:
         raise MetadataError("corrupt", "unsafe_pickle", f"the pickle refers to {e.global_name}: refused (DCP "
                             "metadata holds only DCP's dataclasses, torch.Size and dtypes); nothing was run") from None
+    except PickleLimitError as e:
+        raise MetadataError("unverifiable", "limit_exceeded", str(e)) from None
     except OSError:
         raise
     except Exception as e:  # whatever a malformed pickle raises (UnpicklingError, EOFError, TypeError, ...)
@@ -149,39 +169,45 @@ def parse_metadata(f: BinaryIO, size: int, source: str) -> DcpMetadata:
         fqn = kf.get("fqn")
         vf = info.fields() if is_record(info, "_StorageInfo") else {}
         rel, off, length = vf.get("relative_path"), vf.get("offset"), vf.get("length")
-        if (not isinstance(fqn, str) or not isinstance(rel, str) or type(off) is not int or type(length) is not int
-                or off < 0 or length < 0 or rel.startswith("/") or ".." in rel.split("/")):
+        if (not isinstance(fqn, str) or not isinstance(rel, str) or not rel or type(off) is not int
+                or type(length) is not int or off < 0 or length < 0):
             raise MetadataError("corrupt", "bad_metadata", f"storage entry {len(md.entries)} is not "
                                 "MetadataIndex(fqn) -> _StorageInfo(relative_path, offset >= 0, length >= 0)")
+        try:
+            join_inside("", rel)
+        except PathEscape as e:
+            raise MetadataError("corrupt", "path_escape", f"storage entry {fqn[:200]} names the file "
+                                f"{rel[:200]!r}: {e}; nothing it names was looked at") from None
         md.entries.append(StorageEntry(fqn, _size_tuple(kf.get("offset")), rel, off, length,
                                        bool(vf.get("transform_descriptors"))))
     return md
 
 
-@functools.lru_cache(maxsize=8)
-def _cached(path: str, size: int, mtime_ns: int) -> DcpMetadata | MetadataError:
+def _parse_at(root: Path, rel: str, limits: Limits) -> DcpMetadata | MetadataError | None:
     try:
-        with open(path, "rb") as f:
-            return parse_metadata(f, size, path)
+        with open_inside(root, rel) as f:
+            return parse_metadata(f, os.fstat(f.fileno()).st_size, rel, limits)
     except MetadataError as e:
         return e
-
-
-def load_metadata(path: Path) -> DcpMetadata | MetadataError | None:
-    """The parsed ``.metadata`` at ``path`` (cached by path, size and mtime); the
-    :class:`MetadataError` when it is unusable; None when it cannot be read (absent, no permission)."""
-    try:
-        st = os.stat(path)
-        return _cached(str(path), st.st_size, st.st_mtime_ns)
-    except OSError:
+    except (OSError, PathEscape):
         return None
 
 
-def check_metadata(f: BinaryIO, size: int, path: str) -> tuple[list[Finding], dict[str, Any]]:
+def load_metadata(root: Path, rel: str, budget: Budget | None = None) -> DcpMetadata | MetadataError | None:
+    """The parsed ``.metadata`` at ``root/rel`` (parsed once per ``budget``, i.e. per
+    verification: its shards share it); the :class:`MetadataError` when it is unusable; None
+    when it cannot be read (absent, no permission, or a symlink leading out of the
+    checkpoint: never followed)."""
+    budget = budget or Budget()
+    return budget.memo(("dcp_metadata", str(root), rel), lambda: _parse_at(root, rel, budget.limits))
+
+
+def check_metadata(f: BinaryIO, size: int, path: str, budget: Budget | None = None
+                   ) -> tuple[list[Finding], dict[str, Any]]:
     """``check_file`` for ``.metadata``: findings from :func:`parse_metadata`, facts from
     :meth:`DcpMetadata.facts`."""
     try:
-        md = parse_metadata(f, size, path)
+        md = parse_metadata(f, size, path, (budget or Budget()).limits)
     except MetadataError as e:
         return [Finding(path, e.verdict, e.problem, str(e))], {}  # type: ignore[arg-type]
     return [], md.facts()
@@ -189,29 +215,32 @@ def check_metadata(f: BinaryIO, size: int, path: str) -> tuple[list[Finding], di
 
 # --- one shard ---------------------------------------------------------------------------------
 
-def check_shard(root: Path, rel: str, f: BinaryIO, size: int) -> tuple[list[Finding], dict[str, Any], bool]:
+def check_shard(root: Path, rel: str, f: BinaryIO, size: int, budget: Budget | None = None
+                ) -> tuple[list[Finding], dict[str, Any], bool]:
     """``check_file`` for a ``.distcp`` shard: (findings, facts, checked).
 
-    With the sibling ``.metadata`` readable: every storage entry in this shard must lie
-    inside the file (else ``truncated``, incomplete) and, when it is a zip archive, be exactly
-    one archive whose CRCs match (``crc_mismatch`` naming the tensor, ``entry_mismatch`` when
-    the range does not hold one archive: corrupt). Otherwise :func:`walk_shard`.
+    With the sibling ``.metadata`` readable (and inside the checkpoint): every storage
+    entry in this shard must lie inside the file (else ``truncated``, incomplete) and, when
+    it is a zip archive, be exactly one archive whose CRCs match and whose pickles are safe
+    (``crc_mismatch`` / ``unsafe_pickle`` naming the tensor, ``entry_mismatch`` when the range
+    does not hold one archive, ``overlapping_entries`` when ranges overlap: corrupt).
+    Otherwise :func:`walk_shard`.
     """
-    meta_path = root / posixpath.dirname(rel) / METADATA_NAME
-    md = load_metadata(meta_path)
+    budget = budget or Budget()
+    md = load_metadata(root, posixpath.join(posixpath.dirname(rel), METADATA_NAME), budget)
     name = posixpath.basename(rel)
     if isinstance(md, DcpMetadata):
         entries = md.by_file().get(name)
         if entries:
-            findings, facts = _check_entries(f, size, rel, sorted(entries, key=lambda e: e.offset))
+            findings, facts = _check_entries(f, size, rel, sorted(entries, key=lambda e: e.offset), budget)
             return findings, facts, True
-        findings, facts, checked = walk_shard(f, size, rel)
+        findings, facts, checked = walk_shard(f, size, rel, budget)
         facts["referenced"] = False
         return findings, facts, checked
-    return walk_shard(f, size, rel)
+    return walk_shard(f, size, rel, budget)
 
 
-def _check_entries(f: BinaryIO, size: int, rel: str, entries: list[StorageEntry]
+def _check_entries(f: BinaryIO, size: int, rel: str, entries: list[StorageEntry], budget: Budget
                    ) -> tuple[list[Finding], dict[str, Any]]:
     out: list[Finding] = []
     need = max(e.offset + e.length for e in entries)
@@ -222,14 +251,22 @@ def _check_entries(f: BinaryIO, size: int, rel: str, entries: list[StorageEntry]
         first = next(e for e in entries if e.offset + e.length > size)
         out.append(Finding(rel, "incomplete", "truncated", f"{size} bytes, but .metadata needs {need}: {cut} of "
                            f"{len(entries)} storage entries lie past the end (first: {first.label()})"))
+    inside, overlapping = _disjoint(inside)
+    if overlapping:
+        out.append(Finding(rel, "corrupt", "overlapping_entries", f"{len(overlapping)} storage entries overlap the "
+                           f"bytes of another entry (first: {overlapping[0].label()}): DCP never writes that; each "
+                           "byte range is checked once"))
     heads = []
     for e in inside:
+        budget.check()
         f.seek(e.offset)
         heads.append(f.read(4) == zipcheck.LOCAL_SIG)
     zipped = any(heads)
     checked = opaque = 0
+    inflate = zipcheck.Inflate(size, budget.limits)
     for e, is_zip in zip(inside, heads):
         if not is_zip:
+            out.extend(_opaque_pickles(f, rel, e, budget))
             if zipped and not e.transformed and e.length > 0:
                 out.append(Finding(rel, "corrupt", "entry_mismatch", f"{e.label()}: no zip archive starts there "
                                    "(the shard's other entries are torch.save archives)"))
@@ -242,14 +279,47 @@ def _check_entries(f: BinaryIO, size: int, rel: str, entries: list[StorageEntry]
             out.append(Finding(rel, "corrupt", "entry_mismatch", f"{e.label()}: the range does not hold exactly "
                                "one zip archive (its end record is missing or elsewhere)"))
             continue
-        r = zipcheck.check_archive(f, eocd, path=rel, label=e.label(), start=e.offset)
+        r, _ = torch_zip.check_archive(f, eocd, path=rel, label=e.label(), start=e.offset, budget=budget,
+                                       inflate=inflate)
         out.extend(r.findings)
         checked += 1
     facts.update(archives_checked=checked, opaque_entries=opaque)
     return out, facts
 
 
-def walk_shard(f: BinaryIO, size: int, rel: str) -> tuple[list[Finding], dict[str, Any], bool]:
+def _opaque_pickles(f: BinaryIO, rel: str, e: StorageEntry, budget: Budget) -> list[Finding]:
+    """An entry that is not a zip archive but begins like a pickle is what ``torch.load`` reads
+    in torch's legacy format, unpickling before it checks anything: read it inertly
+    (:mod:`.torch_legacy`) and keep what says it is unsafe (or over a limit). Entries with a
+    stream transform (compressed bytes) are left alone."""
+    if e.transformed or e.length < 3:
+        return []
+    f.seek(e.offset)
+    if not looks_like_pickle(f.read(3)):
+        return []
+    f.seek(e.offset)
+    found, _ = torch_legacy.check(f, e.offset + e.length, rel, budget)
+    return [Finding(rel, x.verdict, x.problem, f"{e.label()}: {x.detail}") for x in found
+            if x.problem in ("unsafe_pickle", "limit_exceeded")]
+
+
+def _disjoint(entries: list[StorageEntry]) -> tuple[list[StorageEntry], list[StorageEntry]]:
+    """Entries (sorted by offset) split into those whose bytes no earlier entry used, and the
+    rest. Empty entries never overlap."""
+    keep: list[StorageEntry] = []
+    dropped: list[StorageEntry] = []
+    end = -1
+    for e in entries:
+        if e.length > 0 and e.offset < end:
+            dropped.append(e)
+            continue
+        keep.append(e)
+        end = max(end, e.offset + e.length)
+    return keep, dropped
+
+
+def walk_shard(f: BinaryIO, size: int, rel: str, budget: Budget | None = None
+               ) -> tuple[list[Finding], dict[str, Any], bool]:
     """Check a shard without ``.metadata``: zip archives back to back from byte 0.
 
     Each archive's end record gives where the next must begin; every archive's CRCs are
@@ -260,11 +330,14 @@ def walk_shard(f: BinaryIO, size: int, rel: str) -> tuple[list[Finding], dict[st
     the end, then CRC); a shard ending exactly between two archives looks complete here
     (``check_tree`` still reports the missing ``.metadata``).
     """
+    budget = budget or Budget()
+    inflate = zipcheck.Inflate(size, budget.limits)
     facts: dict[str, Any] = {"from_metadata": False}
     out: list[Finding] = []
     pos = 0
     items = 0
     while pos < size:
+        budget.check()
         f.seek(pos)
         if f.read(4) != zipcheck.LOCAL_SIG:
             if pos == 0:
@@ -273,14 +346,18 @@ def walk_shard(f: BinaryIO, size: int, rel: str) -> tuple[list[Finding], dict[st
             out.append(Finding(rel, "corrupt", "bad_entry", f"bytes {pos}..{size} after archive {items} are not "
                                "another zip archive"))
             break
-        eocd = zipcheck.scan_item_end(f, pos, size)
+        try:
+            eocd = zipcheck.scan_item_end(f, pos, size, budget)
+        except zipcheck.TooManyEntries as e:
+            out.append(Finding(rel, "unverifiable", "limit_exceeded", f"archive {items + 1} at byte {pos}: {e}"))
+            break
         if eocd is None:
             out.append(Finding(rel, "incomplete", "truncated", f"archive {items + 1} begins at byte {pos} but the "
                                f"file ends ({size} bytes) before its end record: cut short after {items} complete "
                                "archives"))
             break
-        r = zipcheck.check_archive(f, eocd, path=rel, label=f"archive {items + 1} at bytes {pos}..{eocd.end}",
-                                   start=pos)
+        r, _ = torch_zip.check_archive(f, eocd, path=rel, label=f"archive {items + 1} at bytes {pos}..{eocd.end}",
+                                       start=pos, budget=budget, inflate=inflate)
         out.extend(r.findings)
         items += 1
         pos = eocd.end
@@ -290,7 +367,7 @@ def walk_shard(f: BinaryIO, size: int, rel: str) -> tuple[list[Finding], dict[st
 
 # --- the directory ----------------------------------------------------------------------------
 
-def tree_findings(root: Path, files: list[str]) -> list[Finding]:
+def tree_findings(root: Path, files: list[str], budget: Budget | None = None) -> list[Finding]:
     """Directory-level DCP findings for the relative POSIX paths ``files`` under ``root``.
 
     * a directory with ``*.distcp`` files and no ``.metadata``: ``no_metadata`` on its
@@ -320,7 +397,7 @@ def tree_findings(root: Path, files: list[str]) -> list[Finding]:
                                "shard files but no .metadata: the save never committed (DCP writes .metadata last)"))
             out.extend(_rank_gaps(d, shards))
             continue
-        md = load_metadata(root / meta_rel)
+        md = load_metadata(root, meta_rel, budget)
         if not isinstance(md, DcpMetadata):
             continue
         by_file = md.by_file()
@@ -332,8 +409,8 @@ def tree_findings(root: Path, files: list[str]) -> list[Finding]:
                                    f"entries, {need} bytes, e.g. {entries[0].fqn}) but not on disk"))
                 continue
             try:
-                size = os.stat(root / rel).st_size
-            except OSError:
+                size = stat_inside(root, rel).st_size
+            except (OSError, PathEscape):
                 continue  # check_file reports it
             if size < need:
                 out.append(Finding(rel, "incomplete", "truncated", f"{size} bytes, but {meta_rel} has storage "

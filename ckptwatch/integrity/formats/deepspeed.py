@@ -14,19 +14,26 @@ Layout (DeepSpeed ``runtime/engine.py`` ``save_checkpoint`` / ``_get_ckpt_name``
 The data-parallel world size is what ``mp_rank_00_model_states.pt`` records as
 ``dp_world_size`` when that can be read (its ``data.pkl`` read inertly), else inferred as the
 largest rank number present + 1, which cannot see missing ranks above the highest present.
+
+The tag is a single directory name (no ``/``, not ``.`` / ``..``), so it never leads out of
+the checkpoint; files are opened through :func:`.confine.open_inside`. Each rank file's own
+structure, its pickles included (``unsafe_pickle``), is ``check_file``'s job (:mod:`.torch_zip`).
 """
 
 from __future__ import annotations
 
+import os
 import posixpath
 import re
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from ckptwatch.integrity.findings import Finding
-from ckptwatch.integrity.formats.pointer import check_pointer
 from ckptwatch.integrity.formats import zipcheck
+from ckptwatch.integrity.formats.confine import PathEscape, join_inside, open_inside
+from ckptwatch.integrity.formats.pointer import check_pointer
 from ckptwatch.integrity.formats.safe_pickle import TORCH_PICKLE, load_inert
+from ckptwatch.integrity.limits import Budget, Limits
 
 LATEST_NAME = "latest"
 MODEL_RE = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
@@ -55,28 +62,30 @@ def check_latest(f: BinaryIO, size: int, path: str) -> tuple[list[Finding], dict
     return check_pointer(f, size, path, read=read_tag, fact="tag", names="no tag")
 
 
-def recorded_dp_world_size(path: Path) -> int | None:
-    """``dp_world_size`` recorded in a DeepSpeed model-states file (a torch zip whose STORED
-    ``*/data.pkl`` is read inertly), or None when it cannot be read."""
+def recorded_dp_world_size(root: Path, rel: str, limits: Limits | None = None) -> int | None:
+    """``dp_world_size`` recorded in the DeepSpeed model-states file ``root/rel`` (a torch zip
+    whose STORED ``*/data.pkl`` is read inertly), or None when it cannot be read (damaged,
+    refused, over ``max_pickle_bytes``, outside the checkpoint)."""
+    limits = limits or Limits()
     try:
-        with open(path, "rb") as f:
+        with open_inside(root, rel) as f:
             f.seek(0, 2)
             size = f.tell()
             eocd = zipcheck.find_tail_eocd(f, 0, size)
             if eocd is None:
                 return None
             loc = zipcheck.locate_member(f, eocd, "data.pkl")
-            if loc is None:
+            if loc is None or loc[1] > limits.max_pickle_bytes:
                 return None
             f.seek(loc[0])
-            obj, _ = load_inert(f, source=str(path), policy=TORCH_PICKLE, limit=loc[1], keep_persistent=True)
+            obj, _ = load_inert(f, source=rel, policy=TORCH_PICKLE, limit=loc[1], keep_persistent=True)
     except Exception:  # unreadable, damaged, refused: the caller falls back to the rank numbers
         return None
     v = obj.get("dp_world_size") if isinstance(obj, dict) else None
     return v if type(v) is int and 0 < v < 1 << 20 else None
 
 
-def tree_findings(root: Path, files: list[str]) -> list[Finding]:
+def tree_findings(root: Path, files: list[str], budget: Budget | None = None) -> list[Finding]:
     """For each ``latest`` in ``files``: its tag must name a directory with files
     (``missing``, incomplete), holding the model-states file of every model-parallel rank and
     the optimizer file of every (data-parallel, model-parallel) rank pair (``missing``,
@@ -85,21 +94,21 @@ def tree_findings(root: Path, files: list[str]) -> list[Finding]:
     out: list[Finding] = []
     for rel in sorted(r for r in files if posixpath.basename(r) == LATEST_NAME):
         try:
-            with open(root / rel, "rb") as f:
-                tag = read_tag(f, (root / rel).stat().st_size)
-        except (OSError, ValueError):
+            with open_inside(root, rel) as f:
+                tag = read_tag(f, os.fstat(f.fileno()).st_size)
+            tag_dir = join_inside(posixpath.dirname(rel), tag)
+        except (OSError, ValueError, PathEscape):
             continue
-        tag_dir = posixpath.join(posixpath.dirname(rel), tag)
         names = [r[len(tag_dir) + 1:] for r in files if r.startswith(tag_dir + "/") and "/" not in r[len(tag_dir) + 1:]]
         if not names:
             out.append(Finding(tag_dir + "/", "incomplete", "missing", f"{rel} names tag {tag!r} but there is no "
                                f"{tag_dir}/ with files (the save never finished, or was deleted)"))
             continue
-        out.extend(_rank_files(root, rel, tag_dir, names))
+        out.extend(_rank_files(root, rel, tag_dir, names, (budget or Budget()).limits))
     return out
 
 
-def _rank_files(root: Path, latest: str, tag_dir: str, names: list[str]) -> list[Finding]:
+def _rank_files(root: Path, latest: str, tag_dir: str, names: list[str], limits: Limits) -> list[Finding]:
     model_mp = {int(m.group(1)) for n in names if (m := MODEL_RE.match(n))}
     zero3 = {(int(m.group(1)), int(m.group(2))) for n in names if (m := ZERO3_MODEL_RE.match(n))}
     optim = {(int(m.group(2)), int(m.group(3))): m.group(1) or "" for n in names if (m := OPTIM_RE.match(n))}
@@ -108,7 +117,8 @@ def _rank_files(root: Path, latest: str, tag_dir: str, names: list[str]) -> list
                         "model or optimizer states (mp_rank_XX_model_states.pt, *zero_pp_rank_R_mp_rank_XX_*)")]
     mp_world = max(model_mp | {mp for _, mp in zero3} | {mp for _, mp in optim}) + 1
     dp_seen = {dp for dp, _ in zero3} | {dp for dp, _ in optim}
-    recorded = recorded_dp_world_size(root / tag_dir / "mp_rank_00_model_states.pt") if 0 in model_mp else None
+    recorded = (recorded_dp_world_size(root, posixpath.join(tag_dir, "mp_rank_00_model_states.pt"), limits)
+                if 0 in model_mp else None)
     inferred = max(dp_seen) + 1 if dp_seen else 1
     dp_world = max(recorded or 0, inferred)
     how = (f"data-parallel world size {dp_world}, recorded in mp_rank_00_model_states.pt" if recorded

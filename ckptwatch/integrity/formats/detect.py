@@ -8,6 +8,8 @@ Names first (they are unambiguous): ``.metadata`` (DCP), ``__R_I.distcp`` (DCP s
   is ``<folder>/data.pkl`` (torch writes it first; otherwise the central directory is
   consulted), else ``zip``;
 * ``\\x80\\x02\\x8a\\x0a`` + torch's magic number: ``torch_legacy``;
+* a pickle ``PROTO`` opcode (``\\x80`` and protocol 2-5), or the name ``*.pkl`` /
+  ``*.pickle``: ``pickle`` (read inertly: whoever resumes may ``pickle.load`` it);
 * 8-byte little-endian length N then ``{``, with N inside the file: ``safetensors``;
 
 Otherwise the extension decides: ``*.json`` is ``json``; ``.safetensors`` is
@@ -22,16 +24,19 @@ import os
 import stat
 import struct
 from pathlib import Path
+from typing import BinaryIO
 
 from ckptwatch.integrity.formats import zipcheck
 from ckptwatch.integrity.formats.dcp import METADATA_NAME, SHARD_RE
 from ckptwatch.integrity.formats.deepspeed import LATEST_NAME
 from ckptwatch.integrity.formats.megatron import TRACKER_NAME
+from ckptwatch.integrity.formats.pickle_file import EXTENSIONS as PICKLE_EXT
+from ckptwatch.integrity.formats.pickle_file import looks_like_pickle
 from ckptwatch.integrity.formats.safetensors import MAX_HEADER
 from ckptwatch.integrity.formats.torch_legacy import MAGIC_PREFIX
 
 #: Every value :func:`detect_format` returns.
-FORMATS = ("torch_zip", "zip", "torch_legacy", "safetensors", "dcp_metadata", "dcp_shard", "hf_index",
+FORMATS = ("torch_zip", "zip", "torch_legacy", "pickle", "safetensors", "dcp_metadata", "dcp_shard", "hf_index",
            "deepspeed_latest", "megatron_tracker", "json", "unknown")
 _TORCH_EXT = (".pt", ".pth", ".bin", ".ckpt")
 #: Extensions that are torch.save files whatever their first bytes say (damaged magic bytes
@@ -54,7 +59,14 @@ def by_name(name: str) -> str | None:
     return None
 
 
+def guess_by_name(name: str) -> str:
+    """The format a file name suggests when its bytes cannot be read."""
+    return by_name(name) or _by_extension(name)
+
+
 def _by_extension(name: str) -> str:
+    if name.endswith(PICKLE_EXT):
+        return "pickle"
     if name.endswith(".safetensors"):
         return "safetensors"
     if name.endswith(_TORCH_EXT):
@@ -81,19 +93,31 @@ def detect_format(path: Path) -> str:
         if not stat.S_ISREG(os.stat(path).st_mode):
             return _by_extension(name)  # never open a FIFO or device: it may block or have no end
         with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            head = f.read(64)
-            if head[:4] == zipcheck.LOCAL_SIG:
-                return "torch_zip" if _has_data_pkl(f, head, size) else "zip"
-            if head.startswith(MAGIC_PREFIX):
-                return "torch_legacy"
-            if len(head) >= 9 and head[8:9] == b"{":
-                n = struct.unpack("<Q", head[:8])[0]
-                if n <= MAX_HEADER and (8 + n <= size or name.endswith(".safetensors")):
-                    return "safetensors"
-            if len(head) < 9:
-                return _by_extension(name)
+            return detect_file(name, f, os.fstat(f.fileno()).st_size)
     except OSError:
+        return _by_extension(name)
+
+
+def detect_file(name: str, f: BinaryIO, size: int) -> str:
+    """The format of the open regular file ``f`` of ``size`` bytes named ``name`` (one of
+    :data:`FORMATS`), from its name and first bytes (see the module docstring). ``OSError``
+    propagates."""
+    named = by_name(name)
+    if named is not None:
+        return named
+    f.seek(0)
+    head = f.read(64)
+    if head[:4] == zipcheck.LOCAL_SIG:
+        return "torch_zip" if _has_data_pkl(f, head, size) else "zip"
+    if head.startswith(MAGIC_PREFIX):
+        return "torch_legacy"
+    if name.endswith(PICKLE_EXT) or looks_like_pickle(head):
+        return "pickle"
+    if len(head) >= 9 and head[8:9] == b"{":
+        n = struct.unpack("<Q", head[:8])[0]
+        if n <= MAX_HEADER and (8 + n <= size or name.endswith(".safetensors")):
+            return "safetensors"
+    if len(head) < 9:
         return _by_extension(name)
     if name.endswith(_TORCH_ONLY_EXT):
         return "torch_zip"

@@ -8,12 +8,15 @@ Layout (Megatron-LM ``megatron/training/checkpointing.py``: ``get_checkpoint_tra
 
 from __future__ import annotations
 
+import os
 import posixpath
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from ckptwatch.integrity.findings import Finding
+from ckptwatch.integrity.formats.confine import open_inside
 from ckptwatch.integrity.formats.pointer import check_pointer
+from ckptwatch.integrity.limits import Budget
 
 TRACKER_NAME = "latest_checkpointed_iteration.txt"
 
@@ -38,13 +41,14 @@ def check_tracker(f: BinaryIO, size: int, path: str) -> tuple[list[Finding], dic
     return check_pointer(f, size, path, read=read_iteration, fact="names", names="no iteration")
 
 
-def tree_findings(root: Path, files: list[str]) -> list[Finding]:
-    """Each tracker in ``files`` must name a directory holding files (``missing``, incomplete)."""
+def tree_findings(root: Path, files: list[str], budget: Budget | None = None) -> list[Finding]:
+    """Each tracker in ``files`` must name a directory holding files (``missing``, incomplete).
+    The name is ``iter_NNNNNNN`` or ``release`` (never a path), so it stays inside."""
     out: list[Finding] = []
     for rel in sorted(r for r in files if posixpath.basename(r) == TRACKER_NAME):
         try:
-            with open(root / rel, "rb") as f:
-                name = read_iteration(f, (root / rel).stat().st_size)
+            with open_inside(root, rel) as f:
+                name = read_iteration(f, os.fstat(f.fileno()).st_size)
         except (OSError, ValueError):
             continue
         d = posixpath.join(posixpath.dirname(rel), name)

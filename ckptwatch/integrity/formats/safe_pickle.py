@@ -15,6 +15,10 @@ and :data:`TORCH_PICKLE` (``torch.save`` object graphs: torch's tensor/storage r
 helpers, dtypes, ``OrderedDict``; known code-execution globals refused; any other global
 is *foreign*: kept inert and listed, since user classes are legal in a ``torch.save``).
 
+Before any of that, :func:`.pickle_scan.scan` walks the opcodes once and refuses what
+would make the unpickler itself allocate gigabytes or grind (memo bombs, lies about
+lengths, hash-colliding integers): see :func:`load_inert`.
+
 Pickle opcodes: ``Lib/pickletools.py`` of CPython; torch's globals: ``torch/_weights_only_unpickler.py``.
 """
 
@@ -22,15 +26,16 @@ from __future__ import annotations
 
 import io
 import pickle
-import pickletools
 import re
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Literal
 
-__all__ = ["DCP_METADATA", "TORCH_PICKLE", "InertUnpickler", "Policy", "Record", "UnsafePickleError",
-           "load_inert"]
+from ckptwatch.integrity.formats.pickle_scan import PickleLimitError, PickleTruncated, scan
+
+__all__ = ["DCP_METADATA", "TORCH_PICKLE", "InertUnpickler", "PickleLimitError", "Policy", "Record",
+           "UnsafePickleError", "load_inert"]
 
 
 class UnsafePickleError(pickle.UnpicklingError):
@@ -282,38 +287,6 @@ TORCH_PICKLE = Policy("torch_pickle", _torch_decide)
 
 # --- the unpickler --------------------------------------------------------------------------------
 
-class _Bounded(io.RawIOBase):
-    """Read at most ``limit`` bytes of ``f`` from its current position (a huge length declared
-    in the pickle never becomes a huge allocation)."""
-
-    def __init__(self, f: BinaryIO, limit: int):
-        self._f = f
-        self._left = max(0, limit)
-
-    def readable(self) -> bool:
-        return True
-
-    def tell(self) -> int:  # pickletools.genops reports positions
-        return self._f.tell()
-
-    def read(self, n: int = -1) -> bytes:
-        n = self._left if n is None or n < 0 else min(n, self._left)
-        data = self._f.read(n) if n else b""
-        self._left -= len(data)
-        return data
-
-    def readinto(self, b: Any) -> int:
-        data = self.read(len(b))
-        b[: len(data)] = data
-        return len(data)
-
-    def readline(self, size: int | None = -1) -> bytes:
-        limit = self._left if size is None or size < 0 else min(size, self._left)
-        line = self._f.readline(limit) if limit else b""
-        self._left -= len(line)
-        return line
-
-
 @dataclass
 class _Persisted:
     """What ``persistent_load`` saw (torch's storage references)."""
@@ -375,56 +348,74 @@ class _PersistentRef(Record):
     global_qualname = "id"
 
 
-#: In-memory windows tried before streaming a pickle through :class:`_Bounded` (bytes).
-WINDOWS = (1 << 20, 64 << 20)
-_BYTEARRAY8 = b"\x96"
+#: First bytes read for a pickle; doubled until its ``STOP`` is in the buffer.
+FIRST_WINDOW = 1 << 20
+#: Largest pickle read by default (bytes); see ``Limits.max_pickle_bytes``.
+MAX_PICKLE = 1 << 30
 
 
-def _load_from(src: Any, *, source: str, policy: Policy, keep_persistent: bool,
-               prescan: bool) -> tuple[Any, InertUnpickler]:
-    if prescan:
-        pos = src.tell()
-        for _ in pickletools.genops(src):
-            pass
-        src.seek(pos)
+def _load_from(src: Any, *, source: str, policy: Policy, keep_persistent: bool) -> tuple[Any, InertUnpickler]:
     u = InertUnpickler(src, source=source, policy=policy, keep_persistent=keep_persistent)
     return u.load(), u
 
 
-def load_inert(f: BinaryIO, *, source: str, policy: Policy, limit: int,
-               keep_persistent: bool = False) -> tuple[Any, InertUnpickler]:
+def load_inert_at(data: bytes, pos: int, *, source: str, policy: Policy, keep_persistent: bool = False
+                  ) -> tuple[Any, InertUnpickler, int]:
+    """Unpickle inertly the pickle at ``data[pos:]`` (after :func:`.pickle_scan.scan`); returns
+    the object, the unpickler and the offset one past its ``STOP``. Raises as :func:`load_inert`
+    (scan errors carry offsets relative to ``pos``). Nothing is copied: ``io.BytesIO`` shares
+    ``data``."""
+    stop = scan(data, pos)
+    src = io.BytesIO(data)
+    src.seek(pos)
+    obj, u = _load_from(src, source=source, policy=policy, keep_persistent=keep_persistent)
+    return obj, u, stop
+
+
+def load_inert(f: BinaryIO, *, source: str, policy: Policy, limit: int, keep_persistent: bool = False,
+               max_bytes: int = MAX_PICKLE) -> tuple[Any, InertUnpickler]:
     """Unpickle one pickle from ``f`` (its current position, at most ``limit`` bytes) inertly.
 
     Returns the object (records for every global) and the unpickler (``foreign``,
     ``persisted``). ``f`` is left just after the pickle's ``STOP`` opcode (after an error:
-    where reading stopped). Raises :class:`UnsafePickleError` for a refused global; other
-    malformed input raises what ``pickle`` raises (``UnpicklingError``, ``EOFError``,
-    ``ValueError``, ...).
+    where reading stopped; at the end of what could be read when the pickle is cut short).
+    Raises :class:`UnsafePickleError` for a refused global, :class:`.pickle_scan.PickleLimitError`
+    over a bound (a pickle longer than ``max_bytes``, see also :mod:`.pickle_scan`),
+    :class:`.pickle_scan.PickleTruncated` when it is cut short; other malformed input raises
+    what ``pickle`` raises (``UnpicklingError``, ``EOFError``, ``ValueError``, ...).
 
-    The pickle is read into memory in windows of :data:`WINDOWS` bytes (then streamed). If
-    it holds a ``BYTEARRAY8`` opcode byte its opcodes are first walked with
-    ``pickletools.genops`` (nothing is built), so every declared length is backed by bytes
-    that are there: CPython's unpickler allocates a ``BYTEARRAY8`` of the declared size before
-    reading it.
+    The pickle is read into memory, :data:`FIRST_WINDOW` bytes first, doubled until its
+    ``STOP`` is in (so at most twice its size is read, and a pickle followed by gigabytes of
+    storages, as in torch's legacy format, costs only itself). Each window's opcodes are
+    first walked (:func:`.pickle_scan.scan`: no object built), which refuses what CPython's
+    unpickler would allocate or grind on (a memo index of 4e8 in a 14-byte pickle, a
+    ``BINBYTES8`` longer than the file, hash-colliding integers); only then is it unpickled.
+    The file is read, never memory-mapped: a writer truncating it meanwhile cannot crash the
+    process (SIGBUS).
     """
     start = f.tell()
-    for window in WINDOWS:
+    window = min(limit, FIRST_WINDOW, max_bytes)
+    while True:
         f.seek(start)
-        buf = f.read(min(limit, window))
-        complete = len(buf) < window or len(buf) >= limit
-        src = io.BytesIO(buf)
+        buf = f.read(window)
         try:
-            out = _load_from(src, source=source, policy=policy, keep_persistent=keep_persistent,
-                             prescan=_BYTEARRAY8 in buf)
-        except UnsafePickleError:
-            raise
-        except Exception:
-            if complete:
-                f.seek(start + src.tell())
+            scan(buf)
+            break
+        except PickleTruncated:
+            if len(buf) < window or window >= limit:  # the file, or the pickle's room, really ends here
+                f.seek(start + len(buf))
                 raise
-            continue  # the pickle may go on past this window
+            if window >= max_bytes:
+                f.seek(start)
+                raise PickleLimitError(f"a pickle of more than {max_bytes} bytes, more than the limit "
+                                       f"max_pickle_bytes={max_bytes}: not read") from None
+            window = min(limit, 2 * window, max_bytes)
+        except pickle.UnpicklingError:
+            f.seek(start)
+            raise
+    src = io.BytesIO(buf)
+    try:
+        out = _load_from(src, source=source, policy=policy, keep_persistent=keep_persistent)
+    finally:
         f.seek(start + src.tell())
-        return out
-    f.seek(start)
-    return _load_from(_Bounded(f, limit), source=source, policy=policy, keep_persistent=keep_persistent,
-                      prescan=True)
+    return out

@@ -26,7 +26,9 @@ import struct
 from typing import Any, BinaryIO
 
 from ckptwatch.integrity.findings import Finding
-from ckptwatch.integrity.formats.safe_pickle import TORCH_PICKLE, UnsafePickleError, load_inert, record_name
+from ckptwatch.integrity.limits import Budget
+from ckptwatch.integrity.formats.safe_pickle import (TORCH_PICKLE, PickleLimitError, UnsafePickleError, load_inert,
+                                                    record_name)
 
 MAGIC_NUMBER = 0x1950A86A20F9469CFC6C
 PROTOCOL_VERSION = 1001
@@ -48,13 +50,18 @@ class _Stop(Exception):
         super().__init__(detail)
 
 
-def _load(f: BinaryIO, size: int, path: str, what: str, keep_persistent: bool = False) -> tuple[Any, Any]:
+def _load(f: BinaryIO, size: int, path: str, what: str, budget: Budget, keep_persistent: bool = False
+          ) -> tuple[Any, Any]:
+    budget.check()
     start = f.tell()
     try:
-        return load_inert(f, source=path, policy=TORCH_PICKLE, limit=size - start, keep_persistent=keep_persistent)
+        return load_inert(f, source=path, policy=TORCH_PICKLE, limit=size - start, keep_persistent=keep_persistent,
+                          max_bytes=budget.limits.max_pickle_bytes)
     except UnsafePickleError as e:
         raise _Stop("corrupt", "unsafe_pickle", f"{what} (byte {start}) refers to {e.global_name}: refused, "
                     "nothing was run") from None
+    except PickleLimitError as e:
+        raise _Stop("unverifiable", "limit_exceeded", f"{what} (byte {start}): {e}") from None
     except OSError:
         raise
     except Exception as e:  # whatever a malformed pickle raises (UnpicklingError, EOFError, TypeError, ...)
@@ -78,31 +85,32 @@ def _storage_refs(pids: list[Any]) -> dict[str, tuple[str, int]]:
     return out
 
 
-def check(f: BinaryIO, size: int, path: str) -> tuple[list[Finding], dict[str, Any]]:
+def check(f: BinaryIO, size: int, path: str, budget: Budget | None = None) -> tuple[list[Finding], dict[str, Any]]:
     """Findings and facts for the legacy ``torch.save`` file ``f`` of ``size`` bytes.
 
     Facts: ``storages`` (count), ``storage_bytes`` (sum), ``foreign_globals`` (globals
     outside torch's own, e.g. user classes; inert). Findings: ``truncated`` (incomplete),
     ``bad_magic`` / ``bad_pickle`` / ``bad_storage`` / ``trailing_data`` /
-    ``unsafe_pickle`` (corrupt).
+    ``unsafe_pickle`` (corrupt), ``limit_exceeded`` (unverifiable: see :mod:`.pickle_scan`).
     """
+    budget = budget or Budget()
     facts: dict[str, Any] = {}
     try:
-        magic, _ = _load(f, size, path, "the magic number pickle")
+        magic, _ = _load(f, size, path, "the magic number pickle", budget)
         if magic != MAGIC_NUMBER:
             raise _Stop("corrupt", "bad_magic", "the first pickle is not torch's magic number")
-        version, _ = _load(f, size, path, "the protocol version pickle")
+        version, _ = _load(f, size, path, "the protocol version pickle", budget)
         if version != PROTOCOL_VERSION:
             raise _Stop("corrupt", "bad_magic", f"protocol version {version!r}, expected {PROTOCOL_VERSION}")
-        info, _ = _load(f, size, path, "the sys_info pickle")
+        info, _ = _load(f, size, path, "the sys_info pickle", budget)
         if not isinstance(info, dict):
             raise _Stop("corrupt", "bad_pickle", "sys_info is not a dict")
         if info.get("little_endian") is False:
             facts["big_endian"] = True
-        _, u = _load(f, size, path, "the object pickle", keep_persistent=True)
+        _, u = _load(f, size, path, "the object pickle", budget, keep_persistent=True)
         facts["foreign_globals"] = sorted(u.foreign)
         refs = _storage_refs(u.persisted.pids)
-        keys, _ = _load(f, size, path, "the storage key list")
+        keys, _ = _load(f, size, path, "the storage key list", budget)
         if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
             raise _Stop("corrupt", "bad_pickle", "the storage key list is not a list of strings")
         facts["storages"] = len(keys)
