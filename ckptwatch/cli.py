@@ -5,14 +5,19 @@ Exit codes: ``diagnose`` 0 with no incident, 1 with at least one, 2 on a usage o
 error; ``rules check`` 0 when every rule is sound, 1 otherwise, 2 on usage error;
 ``verify`` 0 ok, 1 a problem, 2 usage error; ``manifest`` 0 written, 1 written but a
 structural check already fails, 2 not written; ``manifest diff`` 0 same, 1 differ, 2 usage.
-``run``, ``collect``, ``detect`` and ``sink`` exit 0 when stopped (Ctrl-C, SIGTERM) or idle
-(``--until-idle``), 2 on a usage, config or input error; ``run --once`` exits 3 when an
-alert was not delivered (rejected, given up, or still queued for the next run).
+``run``, ``collect``, ``detect`` and ``sink`` exit 0 when stopped (Ctrl-C, SIGTERM; also
+while still waiting for the broker) or idle (``--until-idle``), 2 on a usage, config or
+input error, and 2 when no Kafka broker answers at start: they say they are waiting, print
+a ``hint:`` on checking the address after ``[kafka] connect_hint_after`` seconds (15) and
+give up after ``connect_timeout`` (60); with ``--once`` they give up at the hint. ``run
+--once`` exits 3 when an alert was not delivered (rejected, given up, or still queued for
+the next run).
 Errors are one line naming the file (and line or rule) and the reason, never a traceback.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import fnmatch
@@ -23,7 +28,8 @@ import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import duckdb
@@ -239,16 +245,20 @@ def run_cmd(
 
         collect = dataclasses.replace(cfg.collect, paths=[logs], checkpoint=cfg.collect.checkpoint or f"{db}.collect.json")
         cfg = dataclasses.replace(cfg, collect=collect, sink=dataclasses.replace(cfg.sink, db=db))
-        store = _open_store(db)
-        try:
-            built = _build(lambda: alerter(store, metrics))
-            res = _serve(lambda: launch.run_all(cfg, options, store, once=once, until_idle=until_idle, say=_say,
-                                                metrics=metrics, alerter=built))
-        finally:
-            store.close()
-        if res is not None:
-            _report_stats(res[0].stats.to_dict(), f"{res[0].published} events through Kafka; database {db}")
-        _alerts_done(built, once)
+        _sigterm_as_interrupt()
+        with _stopped_quietly():
+            store = _open_store(db)
+            try:
+                built = _build(lambda: alerter(store, metrics))
+                res = _serve(lambda: launch.run_all(cfg, options, store, once=once, until_idle=until_idle, say=_say,
+                                                    metrics=metrics, alerter=built))
+                with _shielded():  # the summary reads the alert outbox in the store: before it closes
+                    if res is not None:
+                        _report_stats(res[0].stats.to_dict(), f"{res[0].published} events through Kafka; database {db}")
+                    _alerts_done(built, once)
+            finally:
+                with _shielded():
+                    store.close()
         return
     from ckptwatch.embedded import EmbeddedRunner
     from ckptwatch.integrity.errors import IntegrityError
@@ -268,14 +278,17 @@ def run_cmd(
         raise _fail(f"--db {db}: {str(e).splitlines()[0]}") from None
     try:
         runner.run(once=once, interval=interval, until_idle=until_idle)
-    except KeyboardInterrupt:
-        pass
+    except (KeyboardInterrupt, RuntimeError, duckdb.Error) as e:
+        if not _interrupted(e):
+            raise
     finally:
-        stats = runner.stats.to_dict()
-        runner.close()
-    _report_stats(stats, f"{stats['events']} events; database {db}")
-    if runner.alerter:
-        _alerts_done(runner.alerter, once)
+        with _shielded():
+            stats = runner.stats.to_dict()
+            runner.close()
+    with _shielded():
+        _report_stats(stats, f"{stats['events']} events; database {db}")
+        if runner.alerter:
+            _alerts_done(runner.alerter, once)
 
 
 def _alerts_done(alerter: Alerter, once: bool) -> None:
@@ -347,11 +360,46 @@ def _say(msg: str) -> None:
     _err.print(f"[yellow]{escape(msg)}[/yellow]", soft_wrap=True)
 
 
+#: set by the SIGTERM / SIGINT handler: a stop was asked for
+_STOPPING = threading.Event()
+
+
 def _sigterm_as_interrupt() -> None:
     def handler(signum: int, frame: object) -> None:
+        _STOPPING.set()
         raise KeyboardInterrupt
+    _STOPPING.clear()
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)  # also when started in the background, where SIGINT is ignored
+
+
+def _interrupted(e: BaseException) -> bool:
+    """``e`` is how a stop (Ctrl-C, SIGTERM) surfaced: a KeyboardInterrupt, or what a library
+    made of it while it ran (DuckDB turns one that lands inside a query into
+    ``RuntimeError: Query interrupted``)."""
+    return isinstance(e, KeyboardInterrupt) or (_STOPPING.is_set() and isinstance(e, (RuntimeError, duckdb.Error)))
+
+
+@contextlib.contextmanager
+def _shielded() -> Iterator[None]:
+    """SIGTERM and Ctrl-C ignored for the block: the short, bounded cleanup after a service
+    stopped (a summary, closing the database) is not cut off by a second signal."""
+    old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
+@contextlib.contextmanager
+def _stopped_quietly() -> Iterator[None]:
+    """An interrupt (Ctrl-C, SIGTERM) before the service started (opening the database,
+    building the alerter) ends the command with exit 0 and no traceback, as a stop does."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        pass
 
 
 def _serve(fn: Callable[[], T]) -> T | None:
@@ -368,6 +416,10 @@ def _serve(fn: Callable[[], T]) -> T | None:
         return fn()
     except KeyboardInterrupt:
         return None
+    except (RuntimeError, duckdb.Error) as e:
+        if _interrupted(e):
+            return None
+        raise
     except (RuleError, CheckpointError, BrokerUnavailable, config_mod.ConfigError, IntegrityError) as e:
         raise _fail(str(e)) from None
     except KafkaError as e:  # refused by the broker: authorization, bad topic config, ...
@@ -466,20 +518,25 @@ def sink_cmd(
                            "sink": {"db": db, "group": group},
                            "metrics": {"port": metrics_port, "address": metrics_address}}, need_kafka=True)
     metrics = _start_metrics(ctx, cfg)  # before the store: a port in use leaves no database open
-    store = _open_store(cfg.sink.db)
-    _info(f"sink: group {cfg.sink.group}, {cfg.kafka.events_topic} + {cfg.kafka.incidents_topic} at "
-          f"{cfg.kafka.bootstrap_servers} -> {cfg.sink.db}")
-    alerter = _build(lambda: _alerter(cfg, cfg.sink.db)(store, metrics))
-    try:
-        m = _serve(lambda: launch.sink(cfg, store, until_idle=until_idle, say=_say, metrics=metrics,
-                                       alerter=alerter))
-    finally:
-        store.close()
-    if m is not None:
-        s = m.stats
-        _err.print(f"[dim]{s.events_inserted} new events, {s.incidents_upserted} incident writes, "
-                   f"{s.bad_messages} bad messages skipped; database {escape(cfg.sink.db)}[/dim]", soft_wrap=True)
-    _alerts_done(alerter, once=False)
+    _sigterm_as_interrupt()
+    with _stopped_quietly():
+        store = _open_store(cfg.sink.db)
+        try:
+            _info(f"sink: group {cfg.sink.group}, {cfg.kafka.events_topic} + {cfg.kafka.incidents_topic} at "
+                  f"{cfg.kafka.bootstrap_servers} -> {cfg.sink.db}")
+            alerter = _build(lambda: _alerter(cfg, cfg.sink.db)(store, metrics))
+            m = _serve(lambda: launch.sink(cfg, store, until_idle=until_idle, say=_say, metrics=metrics,
+                                           alerter=alerter))
+            with _shielded():  # the summary reads the alert outbox in the store: before it closes
+                if m is not None:
+                    s = m.stats
+                    _err.print(f"[dim]{s.events_inserted} new events, {s.incidents_upserted} incident writes, "
+                               f"{s.bad_messages} bad messages skipped; database {escape(cfg.sink.db)}[/dim]",
+                               soft_wrap=True)
+                _alerts_done(alerter, once=False)
+        finally:
+            with _shielded():
+                store.close()
 
 
 def _open_store(path: str) -> Store:

@@ -11,6 +11,9 @@ File layout (every key optional; see ``examples/ckptwatch.toml``)::
     partitions = 6                         # used when a topic is created
     replication_factor = 1
     compression = "gzip"                   # gzip | none (lz4/snappy/zstd need their python codecs)
+    connect_hint_after = 15.0              # s without a broker at start before a hint on checking the address
+    connect_timeout = 60.0                 # s without a broker at start before giving up (exit 2);
+                                           # --once gives up at connect_hint_after
     [kafka.client]                         # passed verbatim to kafka-python: security_protocol,
     security_protocol = "SASL_SSL"         # sasl_mechanism, sasl_plain_username, ssl_cafile, ...
 
@@ -50,14 +53,20 @@ Environment: ``CKPTWATCH_<SECTION>_<KEY>`` (``CKPTWATCH_KAFKA_BOOTSTRAP_SERVERS`
 ``CKPTWATCH_DETECT_GROUP``, ``CKPTWATCH_KAFKA_CLIENT_SASL_PLAIN_PASSWORD`` ...), and
 ``CKPTWATCH_CONFIG`` for the file's path. Values are parsed to the key's type; a list is
 comma-separated.
+
+Every value is checked where it is read: numbers must be finite and in range (seconds at
+most :data:`MAX_SECONDS`), a file must be UTF-8 TOML nested at most :data:`MAX_DEPTH`
+deep; anything else is a :class:`ConfigError` naming the file or variable, the key and the
+reason, in one line.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import tomllib
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,9 +87,12 @@ class KafkaSettings:
     replication_factor: int = 1
     compression: str = "gzip"
     client: dict[str, Any] = field(default_factory=dict)
+    connect_hint_after: float = 15.0  # seconds without a broker at start before a hint is printed
+    connect_timeout: float = 60.0  # seconds without a broker at start before giving up
 
     @property
     def enabled(self) -> bool:
+        """True when a broker is configured (fleet mode)."""
         return bool(self.bootstrap_servers)
 
 
@@ -170,31 +182,65 @@ NOT_CONFIG_VARIABLES = frozenset({"CKPTWATCH_CONFIG", "CKPTWATCH_FAILPOINTS", "C
 
 _COMPRESSION = ("gzip", "none")
 
+#: the longest duration any setting may hold (10 years): more would overflow a sleep or a timedelta
+MAX_SECONDS = 10 * 365 * 86400.0
+#: how deep tables and arrays of a config file may nest (the schema needs 4)
+MAX_DEPTH = 32
+#: the largest config file read (a config is a few KB)
+MAX_FILE_BYTES = 16 << 20
+#: a value shown in an error message is cut to this many characters
+_SHOWN = 80
+
 
 def _check_bootstrap(value: str) -> str | None:
     for server in filter(None, (v.strip() for v in value.split(","))):
         host, sep, port = server.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            return f"{server!r} is not HOST:PORT"
+        if not sep or not host or not port.isdigit() or len(port) > 5 or not 0 < int(port) < 65536:
+            return f"{_shown(server)} is not HOST:PORT"
     return None
 
 
+def _seconds(*, zero_ok: bool, high: float = MAX_SECONDS) -> Callable[[float], str | None]:
+    """A check of a duration: more than 0 (or 0 too, ``zero_ok``), at most ``high`` seconds."""
+    def check(v: float) -> str | None:
+        if v < 0 or (v == 0 and not zero_ok):
+            return "must be 0 seconds or more" if zero_ok else "must be more than 0 seconds"
+        if v > high:
+            return f"must be at most {high:g} seconds"
+        return None
+    return check
+
+
+def _count(low: int, high: int) -> Callable[[int], str | None]:
+    """A check of a count: from ``low`` to ``high``."""
+    def check(v: int) -> str | None:
+        if v < low:
+            return f"must be at least {low}"
+        if v > high:
+            return f"must be at most {high}"
+        return None
+    return check
+
+
 #: (section, key) -> check returning a reason when the (coerced) value is not usable
-_CHECKS: dict[tuple[str, str], Any] = {
+_CHECKS: dict[tuple[str, str], Callable[[Any], str | None]] = {
     ("kafka", "bootstrap_servers"): _check_bootstrap,
-    ("kafka", "partitions"): lambda v: None if v >= 1 else "must be at least 1",
-    ("kafka", "replication_factor"): lambda v: None if v >= 1 else "must be at least 1",
+    ("kafka", "partitions"): _count(1, 100_000),
+    ("kafka", "replication_factor"): _count(1, 32_767),  # an int16 on the wire
     ("kafka", "compression"): lambda v: None if v in _COMPRESSION else f"must be one of {', '.join(_COMPRESSION)}",
-    ("collect", "interval"): lambda v: None if v > 0 else "must be more than 0 seconds",
-    ("detect", "interval"): lambda v: None if v > 0 else "must be more than 0 seconds",
-    ("detect", "allowed_lateness"): lambda v: None if v >= 0 else "must be 0 seconds or more",
+    ("kafka", "connect_hint_after"): _seconds(zero_ok=False, high=86400.0),
+    ("kafka", "connect_timeout"): _seconds(zero_ok=False, high=86400.0),
+    ("collect", "interval"): _seconds(zero_ok=False, high=86400.0),
+    ("collect", "verify_settle"): _seconds(zero_ok=True),
+    ("detect", "interval"): _seconds(zero_ok=False, high=86400.0),
+    ("detect", "allowed_lateness"): _seconds(zero_ok=True),
     ("alerts", "channels"): lambda v: _check_alerts("channels", v),
     ("alerts", "silences"): lambda v: _check_alerts("silences", v),
-    ("alerts", "realert_interval"): lambda v: None if v >= 0 else "must be 0 seconds or more",
-    ("alerts", "timeout"): lambda v: None if v > 0 else "must be more than 0 seconds",
-    ("alerts", "retry_initial"): lambda v: None if v > 0 else "must be more than 0 seconds",
-    ("alerts", "retry_max"): lambda v: None if v > 0 else "must be more than 0 seconds",
-    ("alerts", "give_up_after"): lambda v: None if v > 0 else "must be more than 0 seconds",
+    ("alerts", "realert_interval"): _seconds(zero_ok=True),
+    ("alerts", "timeout"): _seconds(zero_ok=False),
+    ("alerts", "retry_initial"): _seconds(zero_ok=False),
+    ("alerts", "retry_max"): _seconds(zero_ok=False),
+    ("alerts", "give_up_after"): _seconds(zero_ok=False),
     ("metrics", "port"): lambda v: None if 0 <= v < 65536 else "must be a TCP port (0: off)",
 }
 
@@ -210,47 +256,76 @@ def _check_alerts(key: str, value: Any) -> str | None:
     return None
 
 
+def _shown(value: Any) -> str:
+    """``repr(value)`` for an error message: one line, at most about 80 characters (a
+    5,000-digit integer has no repr at all: Python refuses to print it)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        return f"an integer of {value.bit_length()} bits"
+    if isinstance(value, (dict, list)):
+        return f"a {'table' if isinstance(value, dict) else 'list'} of {len(value)} item(s)"
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):
+        return f"a {type(value).__name__}"
+    return text if len(text) <= _SHOWN else text[:_SHOWN] + "..."
+
+
 def _coerce(value: Any, typ: Any, where: str) -> Any:
     origin = typing.get_origin(typ)
+    expected = getattr(typ, "__name__", str(typ))
     try:
         if typ is bool:
+            if isinstance(value, bool):
+                return value
             if isinstance(value, str):
                 if value.lower() in ("1", "true", "yes", "on"):
                     return True
                 if value.lower() in ("0", "false", "no", "off"):
                     return False
-                raise ValueError
-            return bool(value)
+            raise ValueError
         if typ is int:
-            if isinstance(value, bool):
-                raise ValueError
+            if isinstance(value, (bool, float)):
+                raise ValueError  # 9464.5 or 1e400 (inf) is not a port or a count
+            if isinstance(value, str) and len(value.strip()) > 20:
+                raise ValueError  # more digits than any 64-bit number
             return int(value)
         if typ is float:
-            return float(value)
+            if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+                raise ValueError
+            if isinstance(value, str) and len(value.strip()) > 40:
+                raise ValueError
+            number = float(value)  # OverflowError for an int too big for a float
+            if not math.isfinite(number):
+                raise ConfigError(f"{where}: must be a finite number (got {_shown(value)})")
+            return number
         if typ is str:
-            if not isinstance(value, (str, int, float)):
+            if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+                raise ValueError
+            if isinstance(value, int) and value.bit_length() > 64:
                 raise ValueError
             return str(value)
         if origin is list and typing.get_origin(typing.get_args(typ)[0]) is dict:
+            expected = "a list of tables"
             if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
                 raise ValueError
             return [dict(v) for v in value]
         if origin is list:
+            expected = "a list of strings"
             if isinstance(value, str):
                 return [v.strip() for v in value.split(",") if v.strip()]
-            if not isinstance(value, list):
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                 raise ValueError
-            return [str(v) for v in value]
+            return list(value)
         if origin is dict:
+            expected = "a table"
             if not isinstance(value, dict):
                 raise ValueError
             return dict(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         pass
     else:
         return value
-    name = getattr(typ, "__name__", str(typ))
-    raise ConfigError(f"{where}: expected {name}, got {value!r}")
+    raise ConfigError(f"{where}: expected {expected}, got {_shown(value)}")
 
 
 def _merge(base: dict[str, dict[str, Any]], layer: Mapping[str, Mapping[str, Any]]) -> None:
@@ -263,22 +338,91 @@ def _merge(base: dict[str, dict[str, Any]], layer: Mapping[str, Mapping[str, Any
                 dest[k] = v
 
 
+def _depth(value: Any, limit: int) -> int:
+    """How deep ``value`` nests (a scalar is 0), counted without recursion and only up to
+    ``limit + 1``."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, (dict, list)):
+            d += 1
+            deepest = max(deepest, d)
+            if d > limit:
+                return d
+            stack += [(x, d) for x in (v.values() if isinstance(v, dict) else v)]
+    return deepest
+
+
+_TRIPLE_QUOTES = (b'"' * 3, b"'" * 3)
+
+
+def _bracket_depth(raw: bytes) -> int:
+    """The deepest nesting of ``[`` / ``{`` outside strings and comments: a bound on how
+    deep the TOML parser would recurse, found without parsing (it recurses per level and
+    fails with a RecursionError some thousand levels down)."""
+    depth = deepest = 0
+    i, n = 0, len(raw)
+    while i < n:
+        c = raw[i:i + 1]
+        if c in (b"[", b"{"):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in (b"]", b"}"):
+            depth = max(0, depth - 1)
+        elif c == b"#":  # a comment, to the end of the line
+            j = raw.find(b"\n", i)
+            i = n if j < 0 else j
+            continue
+        elif c in (b'"', b"'"):
+            quote = raw[i:i + 3] if raw[i:i + 3] in _TRIPLE_QUOTES else c
+            j = i + len(quote)
+            while j < n and raw[j:j + len(quote)] != quote:
+                j += 2 if raw[j:j + 1] == b"\\" and c == b'"' else 1
+            i = j + len(quote)
+            continue
+        i += 1
+    return deepest
+
+
 def read_file(path: str) -> dict[str, dict[str, Any]]:
-    """Parse a TOML config file. Raises ConfigError naming the file (and line) on any problem."""
+    """Parse a TOML config file. Raises ConfigError naming the file (and line) on any
+    problem: unreadable, not UTF-8, not TOML, nested deeper than :data:`MAX_DEPTH`, an
+    unknown section."""
     try:
         with open(path, "rb") as f:
-            data = tomllib.load(f)
+            raw = f.read(MAX_FILE_BYTES + 1)
     except FileNotFoundError:
         raise ConfigError(f"{path}: config file does not exist") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory, not a config file") from None
     except OSError as e:
         raise ConfigError(f"{path}: cannot read: {e.strerror or e}") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise ConfigError(f"{path}: larger than {MAX_FILE_BYTES >> 20} MiB: not a config file")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise ConfigError(f"{path}: not UTF-8 text (line {line}, byte 0x{raw[e.start]:02x}): "
+                          "save the file as UTF-8") from None
+    too_deep = f"{path}: nested too deeply (arrays or tables more than {MAX_DEPTH} levels deep)"
+    if raw.count(b"[") + raw.count(b"{") > MAX_DEPTH and _bracket_depth(raw) > MAX_DEPTH:
+        raise ConfigError(too_deep)
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    except RecursionError:
+        raise ConfigError(too_deep) from None
+    except ValueError as e:  # beyond tomllib's own limits, e.g. a decimal integer of 4,300+ digits
+        raise ConfigError(f"{path}: not usable TOML: {str(e)[:120]}") from None
+    if _depth(data, MAX_DEPTH) > MAX_DEPTH:  # dotted keys (a.b.c = 1) nest without brackets
+        raise ConfigError(too_deep)
     for section, values in data.items():
         if section not in _SECTIONS:
-            raise ConfigError(f"{path}: unknown section [{section}] (known: {', '.join(_SECTIONS)})")
+            raise ConfigError(f"{path}: unknown section [{section[:_SHOWN]}] (known: {', '.join(_SECTIONS)})")
         if not isinstance(values, dict):
-            raise ConfigError(f"{path}: {section} must be a table")
+            raise ConfigError(f"{path}: {section[:_SHOWN]} must be a table")
     return data
 
 
@@ -319,14 +463,14 @@ def build(layers: list[tuple[str, Mapping[str, Mapping[str, Any]]]]) -> Config:
         hints = typing.get_type_hints(cls)
         kwargs = {}
         for k, v in values.items():
-            where = f"{origin.get((section, k), '?')}: [{section}] {k}"
+            where = f"{origin.get((section, k), '?')}: [{section}] {str(k)[:_SHOWN]}"
             if k not in hints:
                 raise ConfigError(f"{where}: unknown key (known: {', '.join(hints)})")
             kwargs[k] = _coerce(v, hints[k], where)
             check = _CHECKS.get((section, k))
             reason = check(kwargs[k]) if check else None
             if reason:  # alert tables may hold secrets: never echoed
-                shown = "" if section == "alerts" and isinstance(v, (dict, list)) else f" (got {v!r})"
+                shown = "" if section == "alerts" and isinstance(v, (dict, list)) else f" (got {_shown(v)})"
                 raise ConfigError(f"{where}: {reason}{shown}")
         sections[section] = cls(**kwargs)
     return Config(**sections)

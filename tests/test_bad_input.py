@@ -76,3 +76,53 @@ def test_absurd_and_missing_timestamps_do_not_stop_the_pipeline(tmp_path):
     )
     incidents, stats = diagnose([str(log)])
     assert incidents == [] and stats.events == 2 and stats.errors == []
+
+
+# -- issue 14: hostile config files and rule packs end the command with one line and exit 2
+
+def _one_error_line(out) -> str:
+    assert "Traceback" not in out.stderr, out.stderr
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, out.stderr
+    return errors[0]
+
+
+def test_hostile_config_files_exit_2_with_file_and_key(tmp_path):
+    cases = {
+        "inf.toml": (b"[metrics]\nport = 1e400\n", "[metrics] port: expected int, got inf"),
+        "range.toml": (b"[detect]\nallowed_lateness = 1e300\n", "[detect] allowed_lateness: must be at most"),
+        "latin1.toml": (b"[detect]\ngroup = 'caf\xe9'\n", "not UTF-8 text (line 2, byte 0xe9)"),
+        "deep.toml": (b"[detect]\ngroup = " + b"[" * 5000 + b"]" * 5000 + b"\n", "nested too deeply"),
+        "hex.toml": (b"[kafka]\npartitions = 0x" + b"f" * 5000 + b"\n", "[kafka] partitions: must be at most 100000"),
+    }
+    for name, (raw, reason) in cases.items():
+        path = tmp_path / name
+        path.write_bytes(raw)
+        for args in (["detect", "--config", path], ["run", "--config", path, "--logs", tmp_path, "--db",
+                                                    tmp_path / "x.duckdb", "--once"]):
+            out = cli(*args)
+            assert out.returncode == 2, (name, out.stderr)
+            line = _one_error_line(out)
+            assert line.startswith(f"error: {path}: ") and reason in line, (name, line)
+
+
+def test_hostile_rule_packs_exit_2_naming_file_and_rule(tmp_path):
+    rule = ("rules:\n  - id: mine.r\n    event: save_start\n    prefilter: saving\n"
+            "    pattern: 'saving step (?P<step>\\d+) to (?P<path>\\S+)'\n"
+            "    examples: {match: ['saving step 5 to /c']}\n")
+    cases = {
+        "date_key.yaml": (rule + "    attrs: {2024-01-01: x}\n", "rule mine.r: 'attrs' key 2024-01-01: a date"),
+        "date_value.yaml": (rule + "    attrs: {since: 2024-01-01}\n", "rule mine.r: 'attrs' since: a date"),
+        "width.yaml": (rule + "    path_format: '{step:300000000d}'\n", "rule mine.r: 'path_format'"),
+        "redos.yaml": (rule.replace("saving step (?P<step>\\d+) to (?P<path>\\S+)", "saving (\\w+\\s?)*"),
+                       "rule mine.r: nested unbounded repetition"),
+    }
+    for name, (text, reason) in cases.items():
+        path = tmp_path / name
+        path.write_text(text)
+        for args in (["diagnose", "--rules", path, SIGKILL_RUN],
+                     ["run", "--rules", path, "--logs", tmp_path, "--db", tmp_path / "y.duckdb", "--once"]):
+            out = cli(*args)
+            assert out.returncode == 2, (name, out.stderr)
+            line = _one_error_line(out)
+            assert line.startswith(f"error: {path}: ") and reason in line, (name, line)

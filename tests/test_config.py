@@ -101,3 +101,66 @@ def test_non_config_variables_are_ignored():
     cfg = config.load(env={"CKPTWATCH_FAILPOINTS": "x", "CKPTWATCH_KAFKA_CACHE": "/tmp/k",
                            "CKPTWATCH_KAFKA_BOOTSTRAP_SERVERS": "a:1,b:2"})
     assert cfg.kafka.bootstrap_servers == "a:1,b:2"
+
+
+# -- issue 14: hostile files give a one-line ConfigError naming the file (and key), never a crash
+
+@pytest.mark.parametrize("text, where", [
+    ("[metrics]\nport = 1e400\n", "[metrics] port: expected int, got inf"),
+    ("[metrics]\nport = 9464.5\n", "[metrics] port: expected int, got 9464.5"),
+    ("[collect]\ninterval = inf\n", "[collect] interval: must be a finite number"),
+    ("[collect]\ninterval = nan\n", "[collect] interval: must be a finite number"),
+    ("[alerts]\ntimeout = -inf\n", "[alerts] timeout: must be a finite number"),
+    ("[detect]\nallowed_lateness = 1e300\n", "[detect] allowed_lateness: must be at most"),
+    ("[collect]\ninterval = 1e12\n", "[collect] interval: must be at most"),
+    ("[kafka]\npartitions = 0x" + "f" * 5000 + "\n", "[kafka] partitions: must be at most"),
+    ("[kafka]\nreplication_factor = 40000\n", "[kafka] replication_factor: must be at most"),
+    ("[metrics]\nport = -1\n", "[metrics] port: must be a TCP port"),
+    ("[sink]\ndb = 0x" + "f" * 5000 + "\n", "[sink] db: expected str"),
+    ("[collect]\npaths = [[\"a\"], {x = 1}]\n", "[collect] paths: expected a list of strings"),
+    ("[metrics]\njob_label = 1979-05-27\n", "[metrics] job_label: expected bool"),
+])
+def test_out_of_range_and_non_finite_numbers_are_refused(tmp_path, text, where):
+    path = write(tmp_path, text)
+    with pytest.raises(config.ConfigError) as e:
+        config.load(path, env={})
+    msg = str(e.value)
+    assert msg.startswith(path) and where in msg, msg
+    assert "\n" not in msg and len(msg) < 400  # one line, a huge value shown cut short
+
+
+@pytest.mark.parametrize("variable, value, where", [
+    ("CKPTWATCH_COLLECT_INTERVAL", "inf", "[collect] interval: must be a finite number"),
+    ("CKPTWATCH_DETECT_ALLOWED_LATENESS", "nan", "[detect] allowed_lateness: must be a finite number"),
+    ("CKPTWATCH_METRICS_PORT", "1e400", "[metrics] port: expected int"),
+    ("CKPTWATCH_KAFKA_PARTITIONS", "9" * 5000, "[kafka] partitions: expected int"),
+])
+def test_hostile_environment_values_are_refused(variable, value, where):
+    with pytest.raises(config.ConfigError) as e:
+        config.load(env={variable: value})
+    assert str(e.value).startswith("environment: ") and where in str(e.value)
+    assert len(str(e.value)) < 400
+
+
+def test_non_utf8_config_file_names_file_and_line(tmp_path):
+    p = tmp_path / "latin1.toml"
+    p.write_bytes(b"[detect]\n# caf\xe9\ngroup = 'x'\n")
+    with pytest.raises(config.ConfigError) as e:
+        config.load(str(p), env={})
+    assert str(e.value) == f"{p}: not UTF-8 text (line 2, byte 0xe9): save the file as UTF-8"
+
+
+def test_deeply_nested_config_is_refused_not_a_recursion_error(tmp_path):
+    path = write(tmp_path, "[detect]\ngroup = " + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(config.ConfigError) as e:
+        config.load(path, env={})
+    assert str(e.value).startswith(f"{path}: nested too deeply")
+
+
+def test_broker_wait_settings(tmp_path):
+    cfg = config.load(env={})
+    assert (cfg.kafka.connect_hint_after, cfg.kafka.connect_timeout) == (15.0, 60.0)
+    cfg = config.load(env={"CKPTWATCH_KAFKA_CONNECT_HINT_AFTER": "2", "CKPTWATCH_KAFKA_CONNECT_TIMEOUT": "5"})
+    assert (cfg.kafka.connect_hint_after, cfg.kafka.connect_timeout) == (2.0, 5.0)
+    with pytest.raises(config.ConfigError, match=r"\[kafka\] connect_timeout: must be more than 0 seconds"):
+        config.load(env={"CKPTWATCH_KAFKA_CONNECT_TIMEOUT": "0"})

@@ -4,6 +4,7 @@ it is waiting, does not crash, and every line reaches DuckDB once. Runs its own 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -68,3 +69,41 @@ def test_broker_restart_while_collecting(own_broker, tmp_path):
     assert sink.returncode == 0, serr
     assert outage >= 10.0
     assert stored_lines(cfg.sink.db) == expected_lines(total)
+
+
+@pytest.mark.parametrize("frozen_before", ["list_topics", "create_topics"])
+def test_ensure_topics_is_bounded_when_the_broker_freezes_after_answering(own_broker, tmp_path, monkeypatch,
+                                                                           frozen_before):
+    """The broker answers the bootstrap, then freezes (SIGSTOP: a hung host, a network
+    partition) before the topics are listed or created. ensure_topics used to wait for
+    kafka-python's request timeouts (10 s, 30 s) and fail with a bare RequestTimedOutError;
+    it now says it is waiting and gives up at connect_timeout with an error naming the broker."""
+    import signal
+
+    from kafka import KafkaAdminClient
+
+    from ckptwatch.kafka.admin import BrokerUnavailable, ensure_topics
+
+    local, state, addr = own_broker
+    pid = int((state / "pid").read_text())
+    cfg = fresh_config(addr, tmp_path)
+    original = getattr(KafkaAdminClient, frozen_before)
+
+    def freeze_then_call(self, *args, **kwargs):
+        os.kill(pid, signal.SIGSTOP)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(KafkaAdminClient, frozen_before, freeze_then_call)
+    said: list[str] = []
+    settings = dataclasses.replace(cfg.kafka, connect_timeout=7.0, connect_hint_after=30.0)  # topics are new
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(BrokerUnavailable) as e:
+            ensure_topics(settings, on_wait=said.append)
+        took = time.monotonic() - t0
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert 7.0 <= took < 9.5, took
+    assert str(e.value).startswith(f"Kafka at {addr} stopped answering while the topics were checked or created: "
+                                   "gave up after 7 s: check the address")
+    assert f"waiting for Kafka at {addr}: the broker stopped answering while the topics were checked" in said

@@ -4,6 +4,7 @@ one detector in-process and with two detector processes in one consumer group.""
 from __future__ import annotations
 
 import re
+import socket
 import time
 
 import pytest
@@ -60,23 +61,67 @@ def test_rebalance_moves_partitions_without_changing_incidents(copy_scenario, ka
     embedded = run_embedded(tmp_path, tmp_path.parent / f"{tmp_path.name}-embedded.duckdb")
     cfg = fresh_config(kafka_bootstrap, tmp_path.parent, partitions=4)
     env = cli_env(cfg)
-    out, err = ckptwatch(["collect", str(tmp_path), "--once"], env).communicate(timeout=120)
+    # deadlines, not durations: generous, so that a loaded machine is slow, not failing
+    out, err = ckptwatch(["collect", str(tmp_path), "--once"], env).communicate(timeout=600)
+
+    def owned() -> list[int]:
+        """How many partitions each member of the detector group owns, once the group is
+        stable (empty while it rebalances)."""
+        from kafka import KafkaAdminClient
+
+        admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+        try:
+            group = admin.describe_groups([cfg.detect.group])[cfg.detect.group]
+        finally:
+            admin.close()
+        if group["group_state"] != "Stable":
+            return []
+        return sorted(sum(len(t["partitions"]) for t in m["member_assignment"].get("assigned_partitions", []))
+                      if isinstance(m["member_assignment"], dict) else 0 for m in group["members"])
+
+    def wait_until(condition, what: str, alive, timeout: float = 600.0) -> None:
+        """Poll ``condition`` (not a fixed sleep: a loaded machine starts processes slowly)
+        while every process of ``alive`` runs."""
+        deadline = time.monotonic() + timeout
+        while not condition():
+            for p in alive:
+                assert p.poll() is None, f"{what}: a member exited first: {p.communicate()[1][-3000:]}"
+            assert time.monotonic() < deadline, f"{what}: not within {timeout:.0f} s"
+            time.sleep(0.5)
+
+    def fed(port: int) -> bool:
+        """The member serving metrics on ``port`` has events from its partitions in its
+        detectors (its detector lag is a number, not NaN): it received an assignment, which
+        the broker's view of the group alone does not tell (a slow member may still be
+        waiting for it)."""
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                text = r.read().decode()
+        except OSError:
+            return False
+        lag = re.search(r"^ckptwatch_detector_lag_seconds (\S+)$", text, re.M)
+        return lag is not None and lag.group(1).lower() != "nan"
 
     a = ckptwatch(["detect"], env)
-    deadline = time.monotonic() + 120
-    while len(topic_messages(kafka_bootstrap, cfg.kafka.incidents_topic)) < 2:
-        assert time.monotonic() < deadline and a.poll() is None, "member A published nothing"
-        time.sleep(1.0)
-    b = ckptwatch(["detect", "--until-idle", "10"], env)
-    time.sleep(8.0)
+    wait_until(lambda: len(topic_messages(kafka_bootstrap, cfg.kafka.incidents_topic)) >= 2,
+               "member A published nothing", [a])
+    with socket.socket() as probe:  # a free port for B's metrics
+        probe.bind(("127.0.0.1", 0))
+        b_port = probe.getsockname()[1]
+    # B's idle timeout only has to outlast A's leaving and B's rejoin (seconds), not B's start
+    b = ckptwatch(["detect", "--until-idle", "20", "--metrics-port", str(b_port)], env)
+    wait_until(lambda: owned() == [2, 2] and fed(b_port), "B did not take partitions from A", [a, b])
     a.terminate()  # SIGTERM: leaves the group cleanly
-    _, a_err = a.communicate(timeout=60)
+    _, a_err = a.communicate(timeout=300)
     assert a.returncode == 0, a_err
-    _, b_err = b.communicate(timeout=180)
+    wait_until(lambda: owned() == [4], "A's partitions did not move to B", [b])
+    _, b_err = b.communicate(timeout=600)
     assert b.returncode == 0, b_err
     m = re.search(r"(\d+) events \((\d+) replayed\) in (\d+) assignment", b_err)
     assert m and int(m.group(2)) > 0 and int(m.group(3)) >= 2, b_err  # B re-read A's partitions
-    _, serr = ckptwatch(["sink", "--until-idle", "6"], env).communicate(timeout=120)
+    _, serr = ckptwatch(["sink", "--until-idle", "10"], env).communicate(timeout=600)
 
     fleet = snapshot(cfg.sink.db)
     assert fleet["incidents"] == embedded["incidents"]

@@ -232,3 +232,173 @@ def test_a_rule_with_a_bad_during_or_source_is_named(tmp_path):
         """)
     with pytest.raises(RuleError, match="mine.bad.*'during' must be save or load"):
         load_rule_file(pack)
+
+
+# -- issue 14: a rule pack is validated fully at load; nothing in it can crash a match later
+
+def _rule(tmp_path, extra: str, *, pattern: str = r"saving step (?P<step>\d+) to (?P<path>\S+)",
+          example: str = "saving step 5 to /ckpt") -> str:
+    """A pack of one rule ``mine.r`` with ``extra`` (YAML lines at rule level) added."""
+    body = "family: mine\nrules:\n  - id: mine.r\n    event: save_start\n    prefilter: saving\n" \
+           f"    pattern: '{pattern}'\n    examples: {{match: [{json.dumps(example)}]}}\n"
+    body += "".join(f"    {line}\n" for line in extra.splitlines() if line)
+    p = tmp_path / "mine.yaml"
+    p.write_text(body)
+    return str(p)
+
+
+@pytest.mark.parametrize("extra, reason", [
+    ("attrs: {since: 2024-01-01}", "'attrs' since: a date; attrs values are strings, numbers or booleans"),
+    ("attrs: {2024-01-01: x}", "'attrs' key 2024-01-01: a date; attrs names are strings"),
+    ("attrs: {1: x}", "'attrs' key 1: an int; attrs names are strings"),
+    ("attrs: {n: .inf}", "'attrs' n: a float that is not finite"),
+    ("attrs: {n: 123456789012345678901234567890}", "'attrs' n: an integer outside 64 bits"),
+    ("attrs: {n: [1, 2]}", "'attrs' n: a list; attrs values are strings, numbers or booleans"),
+    ("attrs: [a, b]", "'attrs' must be a mapping"),
+])
+def test_attrs_are_validated_at_load(tmp_path, extra, reason):
+    path = _rule(tmp_path, extra)
+    with pytest.raises(RuleError) as e:
+        load_rule_file(path)
+    assert (e.value.file, e.value.rule_id) == (path, "mine.r")
+    assert reason in e.value.reason, e.value.reason
+
+
+def test_a_date_attr_key_no_longer_crashes_the_first_match(tmp_path):
+    # used to pass loading and raise TypeError from json.dumps at the first matching line
+    path = _rule(tmp_path, "attrs: {2024-01-01: x, 1: y}")
+    with pytest.raises(RuleError, match="mine.r"):
+        RuleSet.load([path], packaged=False)
+
+
+@pytest.mark.parametrize("fmt, reason", [
+    ("{step:300000000d}", "width 300000000 is more than 64"),
+    ("{path:>99999}", "width 99999 is more than 64"),
+    ("{step:.100f}", "precision 100 is more than 64"),
+    ("{path.__class__}", "'path.__class__': only {path} and {step}"),
+    ("{step[0]}", "'step[0]': only {path} and {step}"),
+    ("{0}", "'0': only {path} and {step}"),
+    ("{}", "'': only {path} and {step}"),
+    ("{other}/x", "'other': only {path} and {step}"),
+    ("{step:{path}}", "a nested field in the format spec"),
+    ("{path!r}", "no conversion (!r)"),
+    ("{path:d}", "format spec 'd' does not apply to {path}"),
+    ("{step:zz}", "format spec 'zz' is not valid"),
+    ("{path", "not a valid format string"),
+    ("x" * 2000, "longer than 512 characters"),
+])
+def test_path_format_is_validated_at_load(tmp_path, fmt, reason):
+    path = _rule(tmp_path, f"path_format: {json.dumps(fmt)}")
+    with pytest.raises(RuleError) as e:
+        load_rule_file(path)
+    assert e.value.rule_id == "mine.r" and "path_format" in e.value.reason
+    assert reason in e.value.reason, e.value.reason
+
+
+def test_path_format_not_a_string_is_refused(tmp_path):
+    with pytest.raises(RuleError, match="mine.r: 'path_format' must be a string"):
+        load_rule_file(_rule(tmp_path, "path_format: 5"))
+
+
+def test_good_path_formats_still_load(tmp_path):
+    for fmt in ("{path}/iter_{step:07d}", "{path}/global_step{step}", "{path}/{step:>8}", "{{x}}/{path}"):
+        (r,) = load_rule_file(_rule(tmp_path, f"path_format: {json.dumps(fmt)}"))
+        assert r.path_format == fmt
+
+
+def test_cli_rules_check_refuses_a_huge_format_width_quickly(tmp_path):
+    path = _rule(tmp_path, 'path_format: "{step:300000000d}"')
+    out = subprocess.run([sys.executable, "-m", "ckptwatch", "rules", "check", path], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 1
+    assert f"{path}: rule mine.r: 'path_format'" in out.stderr.replace("\n", "")
+    assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("pattern", [r"saving (a+)+", r"saving (.*)*", r"saving (\w+\s?)*", r"saving (?:x|y+)*z",
+                                     r"saving (?:\d{2,})+"])
+def test_patterns_that_backtrack_catastrophically_are_refused(tmp_path, pattern):
+    with pytest.raises(RuleError) as e:
+        load_rule_file(_rule(tmp_path, "", pattern=pattern))
+    assert e.value.rule_id == "mine.r"
+    assert "nested unbounded repetition" in e.value.reason, e.value.reason
+
+
+@pytest.mark.parametrize("pattern", [r"saving (?:, \w+=[^,)\n]*)*?, end", r"saving (?:the\s+|a\s+)*step",
+                                     r"saving (\w+,)*", r"saving (a{1,5})+", r"saving a+b+"])
+def test_repetitions_that_are_delimited_are_accepted(tmp_path, pattern):
+    (r,) = load_rule_file(_rule(tmp_path, "", pattern=pattern))
+    assert r.pattern == pattern
+
+
+@pytest.mark.parametrize("pattern, reason", [
+    ("saving " + "x" * 3000, "pattern is longer than 2000 characters"),
+    (r"saving x{5000}", "repetition count 5000 is more than 1000"),
+    (r"saving (?:x{2,900}){1,900}", "repetitions nested"),
+])
+def test_pattern_size_is_bounded(tmp_path, pattern, reason):
+    with pytest.raises(RuleError) as e:
+        load_rule_file(_rule(tmp_path, "", pattern=pattern))
+    assert reason in e.value.reason, e.value.reason
+
+
+@pytest.mark.parametrize("extra, reason", [
+    ("sources: [[console]]", "'sources' must be a list drawn from"),
+    ("sources: [{a: 1}]", "'sources' must be a list drawn from"),
+    ("description: [1, 2]", "'description' must be a string"),
+])
+def test_wrongly_typed_fields_are_named_not_crashed_on(tmp_path, extra, reason):
+    with pytest.raises(RuleError) as e:
+        load_rule_file(_rule(tmp_path, extra))
+    assert e.value.rule_id == "mine.r" and reason in e.value.reason
+
+
+@pytest.mark.parametrize("examples, reason", [
+    ("{match: [{line: 'saving step 5 to /c', expect: 'step 5'}]}", "'expect' must be a mapping"),
+    ("{match: [{line: 'saving step 5 to /c', expect: {step: [5]}}]}", "'expect' step: a list"),
+    ("{match: [{line: 'saving step 5 to /c', expect: {ts: 2026-11-30 10:00:00}}]}", "'expect' ts: a datetime"),
+    ("{match: 'saving step 5 to /c'}", "'match' must be a list"),
+    ("{match: ['saving step 5 to /c'], no_match: 'saving'}", "'no_match' must be a list"),
+])
+def test_examples_are_validated_at_load(tmp_path, examples, reason):
+    p = tmp_path / "mine.yaml"
+    p.write_text("rules:\n  - id: mine.r\n    event: save_start\n    prefilter: saving\n"
+                 r"    pattern: 'saving step (?P<step>\d+) to (?P<path>\S+)'" + f"\n    examples: {examples}\n")
+    with pytest.raises(RuleError) as e:
+        load_rule_file(str(p))
+    assert e.value.rule_id == "mine.r" and reason in e.value.reason, e.value.reason
+
+
+def test_non_utf8_rule_file_is_named_with_its_line(tmp_path):
+    p = tmp_path / "latin1.yaml"
+    p.write_bytes(b"family: mine\n# caf\xe9\nrules: []\n")
+    with pytest.raises(RuleError) as e:
+        load_rule_file(str(p))
+    assert str(e.value) == f"{p}: not UTF-8 text (line 2, byte 0xe9): save the file as UTF-8"
+
+
+@pytest.mark.parametrize("depth", [5000, 100_000])
+def test_deeply_nested_yaml_is_refused_not_a_crash(tmp_path, depth):
+    # 100,000 levels used to crash libyaml's loader with a segmentation fault: run in a child
+    p = tmp_path / "deep.yaml"
+    p.write_text("rules: " + "[" * depth + "]" * depth + "\n")
+    out = subprocess.run([sys.executable, "-m", "ckptwatch", "rules", "check", str(p)], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert f"{p}: nested too deeply" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_frames_are_validated_too(tmp_path):
+    p = tmp_path / "frames.yaml"
+    p.write_text("frames:\n  - {during: save, prefilter: x, pattern: '(x+)+', source: [1]}\n")
+    with pytest.raises(RuleError) as e:
+        load_rule_file(str(p))
+    assert e.value.rule_id == "frame #1"
+
+
+def test_an_impossible_yaml_date_is_named_not_a_traceback(tmp_path):
+    # the YAML loader itself raises ValueError building 2024-02-30; it used to escape
+    path = _rule(tmp_path, "attrs: {since: 2024-02-30}")
+    with pytest.raises(RuleError) as e:
+        load_rule_file(path)
+    assert str(e.value) == f"{path}: not a usable rule pack: ValueError: day is out of range for month"

@@ -34,6 +34,16 @@ packaged rule replaces it where it stands in the order (so a misfiring packaged 
 be fixed), and ``{id: <packaged id>, disable: true}`` removes it. Ids must otherwise be
 unique; overriding an id no packaged rule has is an error (a typo would do nothing).
 
+**Validation.** A pack is checked completely when it is loaded, so that nothing in it can
+fail or run away at match time: UTF-8 YAML of at most 8 MiB nested at most 64 deep; every
+field of its type; ``attrs`` names are strings and values strings, finite floats, 64-bit
+integers or booleans (a YAML date is refused, naming the rule and key); ``path_format``
+uses only ``{path}`` and ``{step}`` (no attribute or index access, no conversion) with
+widths and precisions of at most 64; a pattern is at most 2,000 characters, its ``{n,m}``
+counts at most 1,000 (10,000 nested), and it has no nested unbounded repetition that can
+backtrack catastrophically (:func:`pattern_cost_problem`). The packaged packs skip the two
+costly checks when a run loads them; ``ckptwatch rules check`` runs everything on them.
+
 Matching is vectorized: per rule, a literal ``str.contains`` prefilter over the batch,
 then the regex over the survivors only. Rules are tried in load order (pack files in
 name order, rules in file order) and a record yields at most one event: the first rule
@@ -42,10 +52,16 @@ that matches it. So ``(source_id, offset)`` identifies an event.
 
 from __future__ import annotations
 
+import datetime as dt
 import email.utils
 import hashlib
 import json
+import math
 import os
+import re
+import re._constants as _sre_c  # the structural pattern-cost check reads Python's parse of a pattern
+import re._parser as _sre_p
+import string
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib import resources
@@ -113,54 +129,418 @@ def packaged_rule_files() -> list[str]:
     return sorted(str(p) for p in pack_dir.iterdir() if p.name.endswith((".yaml", ".yml")))
 
 
-def _parse_rule(raw: Any, file: str, index: int) -> Rule:
+# -- limits of what a rule pack may hold (checked at load, so nothing fails at match time) ---
+
+#: the largest rule pack read (the packaged ones are ~30 KB each)
+MAX_PACK_BYTES = 8 << 20
+#: how deep a pack's mappings and lists may nest (a rule needs 5: libyaml's loader crashes
+#: some ten thousand levels down, the pure-Python one raises RecursionError sooner)
+MAX_YAML_DEPTH = 64
+#: longest pattern (the longest packaged one is under 500) and prefilter
+MAX_PATTERN_CHARS = 2000
+MAX_PREFILTER_CHARS = 500
+#: largest count of one ``{n,m}`` repetition, and of nested ones multiplied together
+MAX_REPEAT_COUNT = 1000
+MAX_NESTED_REPEATS = 10_000
+#: largest width or precision in a ``path_format`` field, and longest ``path_format``
+MAX_FORMAT_WIDTH = 64
+MAX_FORMAT_CHARS = 512
+#: longest static attribute value, id and attribute name
+MAX_ATTR_CHARS = 1000
+MAX_NAME_CHARS = 128
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def _kind(value: Any) -> str:
+    """What a YAML value is, in words, for an error message (the value itself may be huge
+    or recursive, so it is never printed whole)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, dt.datetime):
+        return "a datetime"
+    if isinstance(value, dt.date):
+        return "a date"
+    names = {int: "an int", float: "a float", str: "a string", list: "a list", dict: "a mapping", bytes: "binary data",
+             set: "a set", tuple: "a list"}
+    return names.get(type(value), f"a {type(value).__name__}")
+
+
+def _name(value: Any) -> str:
+    """A mapping key as shown in an error message: scalars as text (cut short), others by kind."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return "<a huge integer>"
+    if isinstance(value, (str, int, float, bool, dt.date)) or value is None:
+        text = str(value)
+        return text if len(text) <= 60 and "\n" not in text else repr(text[:60]) + "..."
+    return f"<{_kind(value)}>"
+
+
+def _scalar_problem(value: Any, *, null_ok: bool) -> str | None:
+    """Why ``value`` cannot be a static attribute or an expected value: None when it is a
+    string, a finite float, a 64-bit integer or a boolean (or null, with ``null_ok``)."""
+    if value is None and null_ok:
+        return None
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return None if _INT64[0] <= value <= _INT64[1] else "an integer outside 64 bits"
+    if isinstance(value, float):
+        return None if math.isfinite(value) else "a float that is not finite"
+    if isinstance(value, str):
+        return None if len(value) <= MAX_ATTR_CHARS else f"a string longer than {MAX_ATTR_CHARS} characters"
+    return _kind(value)
+
+
+def _check_mapping(value: Any, field: str, file: str, rid: str, *, null_ok: bool, what: str) -> dict[str, Any]:
+    """``value`` as a dict of names to scalars, or RuleError naming the key and what is wrong."""
+    if not isinstance(value, dict):
+        raise RuleError(file, rid, f"'{field}' must be a mapping of names to {what}")
+    for k, v in value.items():
+        if not isinstance(k, str) or not k or len(k) > MAX_NAME_CHARS:
+            why = _kind(k) if not isinstance(k, str) else f"not 1 to {MAX_NAME_CHARS} characters"
+            raise RuleError(file, rid, f"'{field}' key {_name(k)}: {why}; {field} names are strings")
+        problem = _scalar_problem(v, null_ok=null_ok)
+        if problem:
+            raise RuleError(file, rid, f"'{field}' {_name(k)}: {problem}; {field} values are {what}")
+    return dict(value)
+
+
+_FORMAT_SPEC = re.compile(r"(?:(?P<fill>.)?[<>=^])?[-+ ]?z?#?0?(?P<width>\d+)?[,_]?(?:\.(?P<precision>\d+))?"
+                          r"(?P<type>[bdoxXneEfFgG%s]?)", re.S)
+_FORMAT_TYPES = {"path": {"", "s"}, "step": set("bdoxXneEfFgG%") | {""}}
+
+
+def _check_path_format(fmt: Any, file: str, rid: str) -> str | None:
+    """``path_format`` checked completely: only ``{path}`` and ``{step}`` (no attribute or
+    index access, no conversion, no nested field), widths and precisions of at most
+    :data:`MAX_FORMAT_WIDTH`, and it formats every path and 64-bit step."""
+    if fmt is None:
+        return None
+    if not isinstance(fmt, str):
+        raise RuleError(file, rid, f"'path_format' must be a string (it is {_kind(fmt)})")
+
+    def bad(why: str) -> RuleError:
+        return RuleError(file, rid, f"'path_format' {_name(fmt)}: {why}")
+
+    if len(fmt) > MAX_FORMAT_CHARS:
+        raise bad(f"longer than {MAX_FORMAT_CHARS} characters")
+    try:
+        fields = list(string.Formatter().parse(fmt))
+    except ValueError as e:
+        raise bad(f"not a valid format string ({e})") from None
+    for _, name, spec, conversion in fields:
+        if name is None:
+            continue
+        if name not in _FORMAT_TYPES:
+            raise bad(f"field {name!r}: only {{path}} and {{step}} can be used (no attribute or index access)")
+        if conversion:
+            raise bad(f"no conversion (!{conversion}) allowed: write {{{name}}} or {{{name}:FORMAT}}")
+        if "{" in spec or "}" in spec:
+            raise bad("a nested field in the format spec is not allowed")
+        m = _FORMAT_SPEC.fullmatch(spec or "")
+        if m is None:
+            raise bad(f"format spec {spec!r} is not valid")
+        for part in ("width", "precision"):
+            if m[part] and (len(m[part]) > 4 or int(m[part]) > MAX_FORMAT_WIDTH):
+                raise bad(f"{part} {m[part]} is more than {MAX_FORMAT_WIDTH}")
+        if m["type"] not in _FORMAT_TYPES[name]:
+            raise bad(f"format spec {spec!r} does not apply to {{{name}}} "
+                      f"({'a string' if name == 'path' else 'an integer'})")
+    for step in (0, -1, _INT64[1]):
+        try:
+            fmt.format(path="/ckpt/run", step=step)
+        except (ValueError, TypeError, OverflowError) as e:
+            raise bad(f"cannot format step {step}: {e}") from None
+    return fmt
+
+
+# the parsed-pattern operators of Python's regex parser, used for a structural cost check
+_REPEATS = {_sre_c.MAX_REPEAT, _sre_c.MIN_REPEAT, getattr(_sre_c, "POSSESSIVE_REPEAT", _sre_c.MAX_REPEAT)}
+_ATOMS = {_sre_c.LITERAL, _sre_c.NOT_LITERAL, _sre_c.ANY, _sre_c.IN}
+_ZERO_WIDTH = {_sre_c.AT, _sre_c.ASSERT, _sre_c.ASSERT_NOT}
+_CATEGORY_ESCAPES = {getattr(_sre_c, "CATEGORY_" + n): e for n, e in (
+    ("DIGIT", r"\d"), ("NOT_DIGIT", r"\D"), ("SPACE", r"\s"), ("NOT_SPACE", r"\S"), ("WORD", r"\w"),
+    ("NOT_WORD", r"\W"), ("LINEBREAK", r"\n"), ("NOT_LINEBREAK", r"[^\n]"))}
+#: characters the sets of a pattern are compared on: ASCII and a few of each Unicode class
+_SAMPLE = frozenset(chr(i) for i in range(128)) | frozenset("\u00a0\u2028\u3000éßÄ中٠١…–—’🙂")
+
+
+class _Sets:
+    """Which characters each single-character item of one parsed pattern can match,
+    over :data:`_SAMPLE` plus the pattern's own literals (letters in both cases: a
+    ``(?i)`` anywhere makes no difference to the answer)."""
+
+    def __init__(self, universe: frozenset[str]) -> None:
+        self.all = universe
+
+    def atom(self, op: Any, av: Any) -> frozenset[str]:
+        if op is _sre_c.LITERAL:
+            c = chr(av)
+            return frozenset({c, c.lower(), c.upper()})
+        if op is _sre_c.NOT_LITERAL:
+            return self.all - {chr(av), chr(av).lower(), chr(av).upper()}
+        if op is _sre_c.ANY:
+            return self.all
+        if op is _sre_c.IN:
+            negate = any(o is _sre_c.NEGATE for o, _ in av)
+            hit = frozenset(c for c in self.all if any(self._in(o, a, c) for o, a in av if o is not _sre_c.NEGATE))
+            return self.all - hit if negate else hit
+        return self.all
+
+    def _in(self, op: Any, av: Any, c: str) -> bool:
+        cases = {c, c.lower(), c.upper()}
+        if op is _sre_c.LITERAL:
+            return chr(av) in cases
+        if op is _sre_c.RANGE or op is getattr(_sre_c, "RANGE_UNI_IGNORE", None):
+            return any(av[0] <= ord(x) <= av[1] for x in cases if len(x) == 1)
+        if op is _sre_c.CATEGORY and av in _CATEGORY_ESCAPES:
+            return re.fullmatch(_CATEGORY_ESCAPES[av], c) is not None
+        return True  # unknown: may match anything
+
+    def consumed(self, items: Any) -> frozenset[str]:
+        """Every character some part of ``items`` can consume."""
+        out: frozenset[str] = frozenset()
+        for op, av in items:
+            if op in _ATOMS:
+                out |= self.atom(op, av)
+            elif op in _REPEATS:
+                out |= self.consumed(av[2])
+            elif op is _sre_c.SUBPATTERN:
+                out |= self.consumed(av[-1])
+            elif op is _sre_c.BRANCH:
+                for alt in av[1]:
+                    out |= self.consumed(alt)
+            elif op not in _ZERO_WIDTH:
+                return self.all
+        return out
+
+    def edge(self, items: Any, *, last: bool) -> tuple[frozenset[str], bool]:
+        """The characters ``items`` can start (or, ``last``, end) with, and whether it can
+        match the empty string."""
+        out: frozenset[str] = frozenset()
+        for op, av in (reversed(list(items)) if last else items):
+            if op in _ATOMS:
+                chars, empty = self.atom(op, av), False
+            elif op in _REPEATS:
+                chars, empty = self.edge(av[2], last=last)
+                empty = empty or av[0] == 0
+            elif op is _sre_c.SUBPATTERN:
+                chars, empty = self.edge(av[-1], last=last)
+            elif op is _sre_c.BRANCH:
+                ends = [self.edge(alt, last=last) for alt in av[1]]
+                chars, empty = frozenset().union(*(e[0] for e in ends)), any(e[1] for e in ends)
+            elif op in _ZERO_WIDTH:
+                chars, empty = frozenset(), True
+            else:
+                chars, empty = self.all, True
+            out |= chars
+            if not empty:
+                return out, False
+        return out, True
+
+
+def _unbounded_inside(items: Any) -> bool:
+    for op, av in items:
+        if op in _REPEATS and (av[1] == _sre_c.MAXREPEAT or _unbounded_inside(av[2])):
+            return True
+        if op is _sre_c.SUBPATTERN and _unbounded_inside(av[-1]):
+            return True
+        if op is _sre_c.BRANCH and any(_unbounded_inside(alt) for alt in av[1]):
+            return True
+    return False
+
+
+def _literals(items: Any, out: set[str]) -> None:
+    for op, av in items:
+        if op is _sre_c.LITERAL or op is _sre_c.NOT_LITERAL:
+            out.add(chr(av))
+        elif op is _sre_c.IN:
+            for o, a in av:
+                if o is _sre_c.LITERAL:
+                    out.add(chr(a))
+                elif o is _sre_c.RANGE:
+                    out.update((chr(a[0]), chr(a[1])))
+        elif op in _REPEATS:
+            _literals(av[2], out)
+        elif op is _sre_c.SUBPATTERN:
+            _literals(av[-1], out)
+        elif op is _sre_c.BRANCH:
+            for alt in av[1]:
+                _literals(alt, out)
+
+
+def pattern_cost_problem(pattern: str) -> str | None:
+    """Why ``pattern`` is too costly to accept, or None.
+
+    Refused: more than :data:`MAX_PATTERN_CHARS` characters; a ``{n,m}`` count over
+    :data:`MAX_REPEAT_COUNT` or nested counts multiplying to more than
+    :data:`MAX_NESTED_REPEATS` (the compiled program grows with them); and a nested
+    unbounded repetition such as ``(a+)+``, ``(.*)*`` or ``(\\w+\\s?)*``, which a
+    backtracking engine takes exponential time on, unless every iteration of the outer
+    repetition starts (or ends) with a character the inner ones cannot consume, as in
+    ``(?:, \\w+=[^,]*)*`` (then the split into iterations is forced). polars runs the
+    patterns with Rust's linear-time engine; the check keeps rule packs usable by any
+    engine and their cost bounded. A pattern Python's parser does not read (syntax only
+    Rust has) is left to the compile check."""
+    if len(pattern) > MAX_PATTERN_CHARS:
+        return f"pattern is longer than {MAX_PATTERN_CHARS} characters"
+    try:
+        tree = _sre_p.parse(pattern)
+    except RecursionError:
+        return "pattern nests groups too deeply"
+    except (re.error, OverflowError, ValueError):
+        return None
+    sets: list[_Sets] = []  # made when first needed: few patterns nest repetitions
+
+    def nested_problem(body: Any) -> bool:
+        if not sets:
+            universe: set[str] = set()
+            _literals(tree, universe)
+            sets.append(_Sets(_SAMPLE | frozenset(universe)))
+        s = sets[0]
+        inner = frozenset().union(*(s.consumed(sub[2]) for sub in _inner_repeats(body)))
+        first, first_empty = s.edge(body, last=False)
+        last, last_empty = s.edge(body, last=True)
+        return bool((first_empty or first & inner) and (last_empty or last & inner))
+
+    def walk(items: Any, product: int) -> str | None:
+        for op, av in items:
+            if op in _REPEATS:
+                low, high, body = av
+                unbounded = high == _sre_c.MAXREPEAT
+                for n in (low, high):
+                    if n != _sre_c.MAXREPEAT and n > MAX_REPEAT_COUNT:
+                        return f"repetition count {n} is more than {MAX_REPEAT_COUNT}"
+                times = product * max(1, low if unbounded else high)
+                if times > MAX_NESTED_REPEATS:
+                    return (f"repetitions nested to {times} repeats in all (at most {MAX_NESTED_REPEATS}): "
+                            "the compiled pattern would be huge")
+                if unbounded and _unbounded_inside(body) and nested_problem(body):
+                    return ("nested unbounded repetition (a repeated group that repeats inside, as in (a+)+ or "
+                            "(\\w+\\s?)*) can backtrack catastrophically: make each iteration start or end "
+                            "with a character the inner repetition cannot match, or bound it")
+                problem = walk(body, times)
+            elif op is _sre_c.SUBPATTERN:
+                problem = walk(av[-1], product)
+            elif op is _sre_c.BRANCH:
+                problem = next(filter(None, (walk(alt, product) for alt in av[1])), None)
+            elif op in (_sre_c.ASSERT, _sre_c.ASSERT_NOT):
+                problem = walk(av[1], product)
+            else:
+                problem = None
+            if problem:
+                return problem
+        return None
+
+    try:
+        return walk(tree, 1)
+    except RecursionError:
+        return "pattern nests groups too deeply"
+
+
+def _inner_repeats(items: Any) -> list[Any]:
+    """The unbounded repetitions inside ``items`` (their ``(low, high, body)``)."""
+    out = []
+    for op, av in items:
+        if op in _REPEATS:
+            if av[1] == _sre_c.MAXREPEAT:
+                out.append(av)
+            out += _inner_repeats(av[2])
+        elif op is _sre_c.SUBPATTERN:
+            out += _inner_repeats(av[-1])
+        elif op is _sre_c.BRANCH:
+            for alt in av[1]:
+                out += _inner_repeats(alt)
+    return out
+
+
+def _check_pattern(raw: dict, file: str, where: str, *, cost: bool = True) -> None:
+    """``prefilter`` and ``pattern``: present, strings, bounded, and (``cost``) of bounded
+    cost (:func:`pattern_cost_problem`)."""
+    for key in ("pattern", "prefilter"):
+        if not isinstance(raw.get(key), str) or not raw[key]:
+            raise RuleError(file, where, f"missing or empty '{key}' (a string)")
+    if len(raw["prefilter"]) > MAX_PREFILTER_CHARS:
+        raise RuleError(file, where, f"'prefilter' is longer than {MAX_PREFILTER_CHARS} characters")
+    problem = pattern_cost_problem(raw["pattern"]) if cost else None
+    if problem:
+        raise RuleError(file, where, problem)
+
+
+def _string_list(value: Any, field: str, file: str, rid: str) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+        raise RuleError(file, rid, f"'{field}' must be a list of strings (it is {_kind(value)})"
+                        if not isinstance(value, list) else f"each '{field}' example is a string")
+    return value
+
+
+def _parse_examples(ex: Any, file: str, rid: str) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
+    if ex is None:
+        ex = {}
+    if not isinstance(ex, dict):
+        raise RuleError(file, rid, "'examples' must be a mapping with 'match' and 'no_match' lists")
+    items = ex.get("match")
+    if items is not None and not isinstance(items, list):
+        raise RuleError(file, rid, f"'match' must be a list (it is {_kind(items)})")
+    matches: list[tuple[str, dict[str, Any]]] = []
+    for item in items or []:
+        if isinstance(item, str):
+            matches.append((item, {}))
+        elif isinstance(item, dict) and isinstance(item.get("line"), str):
+            expect = item.get("expect")
+            matches.append((item["line"], {} if expect is None else _check_mapping(
+                expect, "expect", file, rid, null_ok=True, what="strings, numbers, booleans or null (quote times)")))
+        else:
+            raise RuleError(file, rid, "each 'match' example is a string or {line: ..., expect: {...}}")
+    no_matches = ex.get("no_match")
+    if no_matches is not None and not isinstance(no_matches, list):
+        raise RuleError(file, rid, f"'no_match' must be a list (it is {_kind(no_matches)})")
+    return matches, _string_list(no_matches, "no_match", file, rid)
+
+
+def _parse_rule(raw: Any, file: str, index: int, *, trusted: bool = False) -> Rule:
     if not isinstance(raw, dict):
         raise RuleError(file, f"#{index + 1}", "a rule must be a mapping")
     rid = raw.get("id")
     if not isinstance(rid, str) or not rid:
         raise RuleError(file, f"#{index + 1}", "missing 'id'")
+    if len(rid) > MAX_NAME_CHARS or not rid.isprintable():
+        raise RuleError(file, f"#{index + 1}", f"'id' must be printable and at most {MAX_NAME_CHARS} characters")
     if raw.get("disable") is not None:
         if raw.get("disable") is not True or set(raw) - {"id", "disable", "description"}:
             raise RuleError(file, rid, "a disabling entry is {id: <packaged rule id>, disable: true} and nothing else")
         return Rule(id=rid, event="", pattern="", prefilter="", file=file, disable=True)
-    for key in ("event", "pattern", "prefilter"):
-        if not isinstance(raw.get(key), str) or not raw[key]:
-            raise RuleError(file, rid, f"missing or empty '{key}' (a string)")
+    if not isinstance(raw.get("event"), str) or not raw["event"]:
+        raise RuleError(file, rid, "missing or empty 'event' (a string)")
+    _check_pattern(raw, file, rid, cost=not trusted)
     unknown = set(raw) - {"id", "event", "pattern", "prefilter", "sources", "attrs", "path_format", "examples",
                           "description", "source", "during"}
     if unknown:
-        raise RuleError(file, rid, f"unknown field(s) {sorted(unknown)}")
+        raise RuleError(file, rid, f"unknown field(s) {sorted(_name(k) for k in unknown)}")
     if raw["event"] not in EVENT_KINDS:
-        raise RuleError(file, rid, f"event {raw['event']!r} is not a known kind; known: {sorted(EVENT_KINDS)}")
+        raise RuleError(file, rid, f"event {raw['event'][:60]!r} is not a known kind; known: {sorted(EVENT_KINDS)}")
     sources = raw.get("sources") or []
-    if not isinstance(sources, list) or not set(sources) <= _SOURCE_KINDS:
+    if not isinstance(sources, list) or not all(isinstance(s, str) and s in _SOURCE_KINDS for s in sources):
         raise RuleError(file, rid, f"'sources' must be a list drawn from {sorted(_SOURCE_KINDS)}")
-    attrs = raw.get("attrs") or {}
-    if not isinstance(attrs, dict) or not all(isinstance(v, str | int | float | bool) for v in attrs.values()):
-        raise RuleError(file, rid, "'attrs' must be a mapping of names to strings, numbers or booleans")
+    attrs = _check_mapping({} if raw.get("attrs") is None else raw["attrs"], "attrs", file, rid, null_ok=False,
+                           what="strings, numbers or booleans")
     if raw.get("during") not in (None, "save", "load"):
         raise RuleError(file, rid, "'during' must be save or load (the rule then matches only tracebacks through that code)")
     if not isinstance(raw.get("source", ""), str):
         raise RuleError(file, rid, "'source' must be a string (the framework file and function the line comes from)")
-    ex = raw.get("examples") or {}
-    if not isinstance(ex, dict):
-        raise RuleError(file, rid, "'examples' must be a mapping with 'match' and 'no_match' lists")
-    matches: list[tuple[str, dict[str, Any]]] = []
-    for item in ex.get("match") or []:
-        if isinstance(item, str):
-            matches.append((item, {}))
-        elif isinstance(item, dict) and isinstance(item.get("line"), str):
-            matches.append((item["line"], dict(item.get("expect") or {})))
-        else:
-            raise RuleError(file, rid, "each 'match' example is a string or {line: ..., expect: {...}}")
-    no_matches = ex.get("no_match") or []
-    if not all(isinstance(x, str) for x in no_matches):
-        raise RuleError(file, rid, "each 'no_match' example is a string")
+    if not isinstance(raw.get("description", ""), str):
+        raise RuleError(file, rid, f"'description' must be a string (it is {_kind(raw['description'])})")
+    path_format = _check_path_format(raw.get("path_format"), file, rid)
+    matches, no_matches = _parse_examples(raw.get("examples"), file, rid)
     if not matches:
         raise RuleError(file, rid, "needs at least one 'match' example")
     return Rule(
         id=rid, event=raw["event"], pattern=raw["pattern"], prefilter=raw["prefilter"], file=file,
-        sources=tuple(sources), attrs=attrs, path_format=raw.get("path_format"),
+        sources=tuple(sources), attrs=attrs, path_format=path_format,
         match_examples=tuple(matches), no_match_examples=tuple(no_matches), source=raw.get("source", ""),
         during=raw.get("during"),
     )
@@ -172,24 +552,60 @@ def load_rule_file(path: str) -> list[Rule]:
     return load_pack(path)[0]
 
 
-def load_pack(path: str) -> tuple[list[Rule], list[Frame]]:
-    """Parse one rule pack: its rules and its traceback ``frames``. Raises RuleError."""
+def _read_yaml(path: str, *, trusted: bool) -> Any:
+    """The YAML document of a rule pack. Raises RuleError naming the file (and line) when it
+    cannot be read, is larger than :data:`MAX_PACK_BYTES`, is not UTF-8 or not YAML, or
+    (unless ``trusted``: the packaged packs) nests deeper than :data:`MAX_YAML_DEPTH`."""
     try:
-        with open(path, encoding="utf-8") as f:
-            doc = yaml.load(f, Loader=_YAML_LOADER)
+        with open(path, "rb") as f:
+            raw = f.read(MAX_PACK_BYTES + 1)
     except OSError as e:
         raise RuleError(path, None, f"cannot read: {e.strerror or e}") from None
+    if len(raw) > MAX_PACK_BYTES:
+        raise RuleError(path, None, f"larger than {MAX_PACK_BYTES >> 20} MiB: not a rule pack")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise RuleError(path, None, f"not UTF-8 text (line {line}, byte 0x{raw[e.start]:02x}): "
+                                    "save the file as UTF-8") from None
+    try:
+        if not trusted:  # depth first, from the event stream: the loader recurses per level
+            depth = 0
+            for ev in yaml.parse(text, Loader=_YAML_LOADER):
+                if isinstance(ev, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
+                    depth += 1
+                    if depth > MAX_YAML_DEPTH:
+                        mark = ev.start_mark
+                        raise RuleError(path, None, f"nested too deeply (line {mark.line + 1}: mappings and lists "
+                                                    f"more than {MAX_YAML_DEPTH} levels deep)")
+                elif isinstance(ev, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
+                    depth -= 1
+        return yaml.load(text, Loader=_YAML_LOADER)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        raise RuleError(path, None, f"invalid YAML: {where}{getattr(e, 'problem', e)}") from None
+        problem = str(getattr(e, "problem", None) or e).splitlines()[0][:200]
+        raise RuleError(path, None, f"invalid YAML: {where}{problem}") from None
+    except (RecursionError, MemoryError, ValueError, OverflowError) as e:  # values past the constructors' limits
+        raise RuleError(path, None, f"not a usable rule pack: {type(e).__name__}: {str(e)[:120]}") from None
+
+
+def load_pack(path: str, *, trusted: bool = False) -> tuple[list[Rule], list[Frame]]:
+    """Parse one rule pack: its rules and its traceback ``frames``, every field checked
+    (types, attrs, ``path_format``, pattern cost). Raises RuleError naming the file, the
+    rule and the reason. ``trusted``: the packaged packs, loaded by every run, skip the
+    two costly checks (YAML nesting, pattern cost); :func:`check_rule_files` (``ckptwatch
+    rules check``, and the test suite) runs them on the packaged packs too."""
+    doc = _read_yaml(path, trusted=trusted)
     if not isinstance(doc, dict) or not isinstance(doc.get("rules", []), list) or not (
             doc.get("rules") or doc.get("frames")):
         raise RuleError(path, None, "expected a mapping with a 'rules' list")
-    return [_parse_rule(r, path, i) for i, r in enumerate(doc.get("rules") or [])], _parse_frames(doc, path)
+    return ([_parse_rule(r, path, i, trusted=trusted) for i, r in enumerate(doc.get("rules") or [])],
+            _parse_frames(doc, path, trusted=trusted))
 
 
-def _parse_frames(doc: dict, path: str) -> list[Frame]:
+def _parse_frames(doc: dict, path: str, *, trusted: bool = False) -> list[Frame]:
     raw = doc.get("frames") or []
     if not isinstance(raw, list):
         raise RuleError(path, None, "'frames' must be a list")
@@ -198,13 +614,15 @@ def _parse_frames(doc: dict, path: str) -> list[Frame]:
         where = f"frame #{i + 1}"
         if not isinstance(f, dict) or f.get("during") not in ("save", "load"):
             raise RuleError(path, where, "a frame is a mapping with 'during' (save or load), 'prefilter', 'pattern'")
-        if set(f) - {"during", "prefilter", "pattern", "source", "description"}:
-            raise RuleError(path, where, f"unknown field(s) {sorted(set(f) - {'during', 'prefilter', 'pattern', 'source'})}")
-        for key in ("prefilter", "pattern"):
-            if not isinstance(f.get(key), str) or not f[key]:
-                raise RuleError(path, where, f"missing or empty '{key}' (a string)")
+        unknown = set(f) - {"during", "prefilter", "pattern", "source", "description"}
+        if unknown:
+            raise RuleError(path, where, f"unknown field(s) {sorted(_name(k) for k in unknown)}")
+        _check_pattern(f, path, where, cost=not trusted)
+        for key in ("source", "description"):
+            if not isinstance(f.get(key, ""), str):
+                raise RuleError(path, where, f"'{key}' must be a string (it is {_kind(f[key])})")
         out.append(Frame(during=f["during"], prefilter=f["prefilter"], pattern=f["pattern"], file=path,
-                         source=str(f.get("source", ""))))
+                         source=f.get("source", "")))
     return out
 
 
@@ -282,7 +700,7 @@ class RuleSet:
         base: list[Rule] = []
         frames: list[Frame] = []
         for f in packaged_rule_files() if packaged else []:
-            rules, fr = load_pack(f)
+            rules, fr = load_pack(f, trusted=True)
             base += rules
             frames += fr
         user: list[Rule] = []

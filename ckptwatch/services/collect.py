@@ -43,7 +43,9 @@ class Collector:
     """Tails ``config.collect.paths`` and publishes their events to ``config.kafka.events_topic``.
 
     Raises CheckpointError (from :class:`FileCheckpointer`) when the checkpoint file exists
-    but cannot be read; BrokerUnavailable when no broker answers for a minute at start.
+    but cannot be read; BrokerUnavailable when no broker answers at start within
+    ``[kafka] connect_timeout`` seconds (a minute by default; see
+    :func:`~ckptwatch.kafka.admin.ensure_topics`).
     ``metrics`` gets lines, events and skipped input every step (a new one when None).
     """
 
@@ -63,8 +65,12 @@ class Collector:
             exclude=lambda p: os.path.abspath(p).startswith(own),
         )
         self.stats = self.watcher.stats
-        ensure_topics(config.kafka, on_wait=on_wait)
-        self.publisher = Publisher(config.kafka, client_id="ckptwatch-collect", on_wait=on_wait)
+        try:
+            ensure_topics(config.kafka, on_wait=on_wait)
+            self.publisher = Publisher(config.kafka, client_id="ckptwatch-collect", on_wait=on_wait)
+        except BaseException:  # no broker (BrokerUnavailable), or interrupted while waiting for one
+            self._close_sources()
+            raise
         self.published = 0
 
     def messages(self, events: pl.DataFrame) -> list[Message]:
@@ -101,7 +107,13 @@ class Collector:
         return events.height
 
     def close(self) -> None:
+        """Close the checkpoint verifier, flush and close the producer (what is still
+        unacknowledged is read again next time: its offsets were not saved), close the files."""
+        self._close_sources(publisher=True)
+
+    def _close_sources(self, *, publisher: bool = False) -> None:
         if self.checkpoints:
             self.checkpoints.close()
-        self.publisher.close()
+        if publisher:
+            self.publisher.close()
         self.watcher.close()

@@ -4,10 +4,18 @@ Every function blocks until interrupted, or until ``until_idle`` seconds without
 ``say`` receives progress and warnings as sentences (the CLI prints them to stderr).
 ``metrics`` (optional) is the process's :class:`~ckptwatch.sinks.metrics.Metrics`, shared by
 the services it runs.
+
+An unreachable broker at start: every service waits, says so, hints at checking the address
+after ``[kafka] connect_hint_after`` seconds and gives up after ``connect_timeout``
+(BrokerUnavailable); with ``once`` (a batch job) it gives up at ``connect_hint_after``.
+An interrupt (KeyboardInterrupt: Ctrl-C, or SIGTERM in the CLI) at any point, even while
+a service is still being set up, closes what was opened, the alerter included, and
+propagates.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from ckptwatch.config import Config
@@ -25,11 +33,19 @@ from ckptwatch.sinks.metrics import Metrics
 Say = Callable[[str], None]
 
 
+def for_once(config: Config) -> Config:
+    """``config`` for a batch run (``--once``): no broker by ``connect_hint_after`` seconds
+    is an error, not a reason to wait for ``connect_timeout``."""
+    k = config.kafka
+    return dataclasses.replace(config, kafka=dataclasses.replace(
+        k, connect_timeout=min(k.connect_timeout, k.connect_hint_after)))
+
+
 def collect(config: Config, options: PipelineOptions, *, once: bool, until_idle: float | None, say: Say,
             metrics: Metrics | None = None) -> Collector:
     """Run a collector; with ``once``, publish what the files hold now (last lines included)
     and return. Returns the collector (closed) for its stats."""
-    collector = _collector(config, options, say, metrics)
+    collector = _collector(for_once(config) if once else config, options, say, metrics)
     try:
         if once:
             collector.step(final=True)
@@ -67,8 +83,14 @@ def sink(config: Config, store: Store, *, until_idle: float | None, say: Say,
          on_incident: Callable[[Incident], None] | None = None, metrics: Metrics | None = None,
          alerter: Alerter | None = None) -> SinkMember:
     """Run the DuckDB sink into ``store`` (the caller closes it), alerting through
-    ``alerter``; returns the member (closed)."""
-    member = SinkMember(config, store, on_message=say, on_incident=on_incident, metrics=metrics, alerter=alerter)
+    ``alerter`` (closed when this returns or raises); returns the member (closed)."""
+    try:
+        member = SinkMember(config, store, on_message=say, on_incident=on_incident, metrics=metrics,
+                            alerter=alerter)
+    except BaseException:  # no broker, or interrupted while waiting for one
+        if alerter:
+            alerter.close()
+        raise
     try:
         run_steps([member.step], interval=0.2, until_idle=until_idle)
     finally:
@@ -84,9 +106,22 @@ def run_all(config: Config, options: PipelineOptions, store: Store, *, once: boo
     ``until_idle`` seconds (default 5), conclude (the input is complete, as in the embedded
     ``run --once``), drain the sink and deliver the alerts (at most 30 s)."""
     metrics = metrics or Metrics()
-    collector = _collector(config, options, say, metrics)
-    member = _detector(config, options, say, metrics)
-    sinker = SinkMember(config, store, on_message=say, on_incident=on_incident, metrics=metrics, alerter=alerter)
+    if once:
+        config = for_once(config)
+    collector: Collector | None = None
+    member: DetectorMember | None = None
+    try:
+        collector = _collector(config, options, say, metrics)
+        member = _detector(config, options, say, metrics)
+        sinker = SinkMember(config, store, on_message=say, on_incident=on_incident, metrics=metrics,
+                            alerter=alerter)
+    except BaseException:  # no broker, or interrupted while waiting for one: close what was opened
+        for service in (member, collector):
+            if service is not None:
+                service.close()
+        if alerter:
+            alerter.close()
+        raise
     try:
         if once:
             collector.step(final=True)
