@@ -155,11 +155,17 @@ def _json_fields(text: pl.Expr) -> dict[str, pl.Expr]:
     return out
 
 
+_EPOCH_MIN_S = -62_135_596_800.0  # 0001-01-01T00:00:00Z
+_EPOCH_MAX_S = 253_402_300_799.0  # 9999-12-31T23:59:59Z
+
+
 def _json_time(value: pl.Expr) -> pl.Expr:
     """A JSON time field as text the timestamp parser reads: ISO strings as they are,
     epoch seconds (or ms) as ISO 8601 UTC."""
     num = value.cast(pl.Float64, strict=False)
     secs = pl.when(num > 1e11).then(num / 1000).otherwise(num)
+    # only years 1..9999 are times (polars panics formatting a year past 262143)
+    secs = pl.when(secs.is_between(_EPOCH_MIN_S, _EPOCH_MAX_S)).then(secs)
     epoch = pl.from_epoch((secs * 1e6).cast(pl.Int64, strict=False), time_unit="us").dt.strftime("%Y-%m-%dT%H:%M:%S%.6fZ")
     return pl.when(num.is_not_null()).then(epoch).otherwise(value)
 

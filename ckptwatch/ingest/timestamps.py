@@ -76,6 +76,10 @@ _HALF_YEAR = dt.timedelta(days=183)
 MIN_YEAR = 1970
 #: how far past the wall clock a stamp may be before it is not believed
 MAX_AHEAD = dt.timedelta(days=1)
+#: the longest uptime a kernel ``[ seconds]`` stamp may claim (100 years); longer ones are
+#: not times and leave the record to inherit its time
+MAX_UPTIME_S = 100 * 365.25 * 86400
+
 
 
 def _frac_ns(frac: pl.Expr) -> pl.Expr:
@@ -227,7 +231,9 @@ def add_event_time(
     parts = [pl.col("_full"), yearless]
     if boot_time is not None:
         boot = boot_time.astimezone(dt.timezone.utc)
-        parts.append(pl.lit(boot).cast(TS) + pl.duration(microseconds=(pl.col("_up") * 1e6).cast(pl.Int64)))
+        # an uptime past a century is not believable (and overflows microseconds past 9.2e12 s)
+        up = pl.when(pl.col("_up") < MAX_UPTIME_S).then(pl.col("_up"))
+        parts.append(pl.lit(boot).cast(TS) + pl.duration(microseconds=(up * 1e6).cast(pl.Int64, strict=False)))
     out = out.with_columns(
         pl.coalesce(parts).alias("_own0"),
         (pl.col("_full").is_null() & yearless.is_not_null() & known_ctx.is_null()).alias("_guess0"),
