@@ -90,6 +90,9 @@ ConfigOpt = Annotated[str | None, typer.Option("--config", help="TOML config fil
                                                 "flags and CKPTWATCH_* variables override it.")]
 PartitionsOpt = Annotated[int | None, typer.Option("--partitions", help="Partitions of a topic created "
                                                     "because it is missing (default 6).")]
+RetentionOpt = Annotated[float | None, typer.Option("--retention-days", min=0, help="Delete raw events older "
+                                                    "than this many days (incidents and evidence are kept; "
+                                                    "default sink.retention_days, 0: keep all).")]
 UntilIdleOpt = Annotated[float | None, typer.Option("--until-idle", min=0, help="Exit after this many seconds "
                                                      "without new input (default: run until stopped).")]
 MetricsPortOpt = Annotated[int | None, typer.Option("--metrics-port", help="Serve Prometheus metrics at "
@@ -222,6 +225,7 @@ def run_cmd(
     metrics_port: MetricsPortOpt = None,
     metrics_address: MetricsAddressOpt = None,
     checkpoint_root: CheckpointRootOpt = None,
+    retention_days: RetentionOpt = None,
 ) -> None:
     """Tail a directory of logs and write events and incidents to DuckDB.
 
@@ -233,6 +237,7 @@ def run_cmd(
         raise _fail(f"--logs {logs}: not a directory")
     cfg = _config(config, {"kafka": {"bootstrap_servers": kafka, "partitions": partitions},
                            "collect": {"interval": interval, "checkpoint_roots": checkpoint_root or None},
+                           "sink": {"retention_days": retention_days},
                            "metrics": {"port": metrics_port, "address": metrics_address}}, need_kafka=False)
     options = _options(path_template, boot_time, rules, line_prefix)
     # a relative verification log lives next to the database, like the run's other state
@@ -268,6 +273,7 @@ def run_cmd(
     try:
         runner = EmbeddedRunner(logs, db, options, metrics=metrics, alerter=alerter,
                                 checkpoints=CheckpointWatcher.from_settings(cfg.collect),
+                                retention=_retention(cfg),
                                 on_warning=lambda m: _err.print(f"[yellow]warning:[/yellow] {escape(m)}",
                                                                 soft_wrap=True))
     except KeyboardInterrupt:
@@ -365,6 +371,11 @@ _STOPPING = threading.Event()
 
 
 def _sigterm_as_interrupt() -> None:
+    """Every long-running command (run, collect, detect, sink) starts here: a stop signal
+    becomes a KeyboardInterrupt, and the files it creates (databases, WALs DuckDB recreates
+    after a checkpoint, offsets, alert outboxes: they hold raw log lines) are private to its user."""
+    os.umask(0o077)
+
     def handler(signum: int, frame: object) -> None:
         _STOPPING.set()
         raise KeyboardInterrupt
@@ -510,12 +521,13 @@ def sink_cmd(
     partitions: PartitionsOpt = None,
     metrics_port: MetricsPortOpt = None,
     metrics_address: MetricsAddressOpt = None,
+    retention_days: RetentionOpt = None,
 ) -> None:
     """Fleet sink: events and incidents from Kafka into DuckDB."""
     from ckptwatch.services import launch
 
     cfg = _config(config, {"kafka": {"bootstrap_servers": kafka, "partitions": partitions},
-                           "sink": {"db": db, "group": group},
+                           "sink": {"db": db, "group": group, "retention_days": retention_days},
                            "metrics": {"port": metrics_port, "address": metrics_address}}, need_kafka=True)
     metrics = _start_metrics(ctx, cfg)  # before the store: a port in use leaves no database open
     _sigterm_as_interrupt()
@@ -537,6 +549,11 @@ def sink_cmd(
         finally:
             with _shielded():
                 store.close()
+
+
+def _retention(cfg: Config) -> dt.timedelta | None:
+    """How long raw events stay in the database (None: for ever), from ``[sink] retention_days``."""
+    return dt.timedelta(days=cfg.sink.retention_days) if cfg.sink.retention_days > 0 else None
 
 
 def _open_store(path: str) -> Store:

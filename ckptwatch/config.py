@@ -26,6 +26,7 @@ File layout (every key optional; see ``examples/ckptwatch.toml``)::
     checkpoint_roots = ["/ckpt/run-7"]     # verify each new checkpoint under these (integrity events)
     verify_log = "ckptwatch-verify.log"    # its integrity lines, tailed with the logs
     verify_settle = 30.0                   # seconds without a change before a checkpoint is verified
+    verify_limits = ["max_tensors=500000"]  # bounds of verify, as its --limit NAME=VALUE
 
     [detect]
     group = "ckptwatch-detect"             # Kafka consumer group of the detectors
@@ -34,9 +35,12 @@ File layout (every key optional; see ``examples/ckptwatch.toml``)::
     [sink]
     db = "incidents.duckdb"
     group = "ckptwatch-sink"
+    retention_days = 30                    # raw events older than this are deleted; 0 (default): kept
 
     [alerts]                               # see ckptwatch.sinks.alerts and the README
     realert_interval = 0                   # seconds; 0: re-alert only when severity rises
+    timeout = 30                           # seconds to wait for a receiver's answer
+    connect_timeout = 5                    # seconds to connect to a receiver
     [alerts.channels.oncall]               # one table per channel: slack | pagerduty | webhook | console
     type = "slack"
     url_env = "SLACK_WEBHOOK_URL"          # secrets: KEY_env (a variable) or KEY_file (a file)
@@ -109,6 +113,7 @@ class CollectSettings:
     checkpoint_roots: list[str] = field(default_factory=list)  # verify new checkpoints under these
     verify_log: str = "ckptwatch-verify.log"  # where their integrity lines go (tailed too)
     verify_settle: float = 30.0  # seconds without a change before a checkpoint is verified
+    verify_limits: list[str] = field(default_factory=list)  # NAME=VALUE bounds of verify (--limit)
 
 
 @dataclass(frozen=True)
@@ -126,14 +131,15 @@ class SinkSettings:
 
     db: str = "incidents.duckdb"
     group: str = "ckptwatch-sink"
+    retention_days: float = 0.0  # days of raw events kept in the database; 0: all (incidents are kept)
 
 
 @dataclass(frozen=True)
 class AlertSettings:
     """Alert channels and the shared delivery stages (:mod:`ckptwatch.sinks.alerts`).
 
-    Seconds: ``realert_interval`` (0: never re-alert an unchanged incident), ``timeout`` of
-    one HTTP request, ``retry_initial`` / ``retry_max`` (exponential backoff bounds),
+    Seconds: ``realert_interval`` (0: never re-alert an unchanged incident), ``timeout``
+    (read) and ``connect_timeout`` of one HTTP request, ``retry_initial`` / ``retry_max`` (exponential backoff bounds),
     ``give_up_after`` (a notification still failing this long after it was queued is
     recorded as failed). ``channels``: name -> channel table (checked by
     :func:`ckptwatch.sinks.alerts.settings.parse_channels`); ``silences``: silence tables;
@@ -144,7 +150,8 @@ class AlertSettings:
     silences: list[dict[str, Any]] = field(default_factory=list)
     silences_file: str = ""
     realert_interval: float = 0.0
-    timeout: float = 10.0
+    timeout: float = 30.0  # read timeout of one HTTP request
+    connect_timeout: float = 5.0
     retry_initial: float = 1.0
     retry_max: float = 300.0
     give_up_after: float = 86400.0
@@ -222,6 +229,17 @@ def _count(low: int, high: int) -> Callable[[int], str | None]:
     return check
 
 
+def _check_limits(value: list[str]) -> str | None:
+    # the names and units of verify's limits live beside the checks that enforce them
+    from ckptwatch.integrity.limits import Limits
+
+    try:
+        Limits().replace(list(value))
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 #: (section, key) -> check returning a reason when the (coerced) value is not usable
 _CHECKS: dict[tuple[str, str], Callable[[Any], str | None]] = {
     ("kafka", "bootstrap_servers"): _check_bootstrap,
@@ -238,6 +256,9 @@ _CHECKS: dict[tuple[str, str], Callable[[Any], str | None]] = {
     ("alerts", "silences"): lambda v: _check_alerts("silences", v),
     ("alerts", "realert_interval"): _seconds(zero_ok=True),
     ("alerts", "timeout"): _seconds(zero_ok=False),
+    ("alerts", "connect_timeout"): _seconds(zero_ok=False),
+    ("sink", "retention_days"): lambda v: None if 0 <= v <= 3650 else "must be from 0 (keep all) to 3650 days",
+    ("collect", "verify_limits"): _check_limits,
     ("alerts", "retry_initial"): _seconds(zero_ok=False),
     ("alerts", "retry_max"): _seconds(zero_ok=False),
     ("alerts", "give_up_after"): _seconds(zero_ok=False),
