@@ -286,6 +286,8 @@ def run_cmd(
         runner.run(once=once, interval=interval, until_idle=until_idle)
     except (KeyboardInterrupt, RuntimeError, duckdb.Error) as e:
         if not _interrupted(e):
+            if isinstance(e, duckdb.Error):  # EIO, EFBIG, a full disk at shutdown: nothing stored is lost
+                raise _fail(f"--db {db}: {str(e).splitlines()[0]}") from None
             raise
     finally:
         with _shielded():
@@ -430,6 +432,8 @@ def _serve(fn: Callable[[], T]) -> T | None:
     except (RuntimeError, duckdb.Error) as e:
         if _interrupted(e):
             return None
+        if isinstance(e, duckdb.Error):
+            raise _fail(f"database: {str(e).splitlines()[0]}") from None
         raise
     except (RuleError, CheckpointError, BrokerUnavailable, config_mod.ConfigError, IntegrityError) as e:
         raise _fail(str(e)) from None
@@ -560,7 +564,7 @@ def _open_store(path: str) -> Store:
     import duckdb
 
     try:
-        return Store(path)
+        return Store(path, say=_say)
     except duckdb.Error as e:
         raise _fail(f"--db {path}: {str(e).splitlines()[0]}") from None
 

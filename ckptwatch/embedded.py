@@ -3,7 +3,8 @@
 Each cycle: discover and poll the files (new ones, renamed, truncated and copied ones:
 see :mod:`ckptwatch.ingest.watcher`) -> rules -> store the events and the sources'
 committed offsets in one DuckDB transaction -> detector -> upsert changed incidents ->
-print them. On start, the detector is rebuilt from the events already in the database
+print them. On a full disk a cycle waits in the store until there is space again (see
+:mod:`ckptwatch.sinks.duckdb_store`), so nothing read is lost. On start, the detector is rebuilt from the events already in the database
 and every source resumes at its committed offset, so a restart neither loses nor
 duplicates a line, and re-running over the same files adds no row.
 """
@@ -53,11 +54,13 @@ class EmbeddedRunner:
         self.metrics = metrics or Metrics()
         self.options = options or PipelineOptions()
         self.rules = RuleSet.load(self.options.rule_files)
-        self.store = Store(db_path)
-        self.alerter = alerter(self.store, self.metrics) if alerter else None
-        self.detector = Detector(self.options.detector)
         self.on_incident = on_incident or (lambda inc: None)
         self.on_warning = on_warning or (lambda msg: None)
+        # on a full disk the store waits for space (saying so through on_warning, or on
+        # standard error without one): a cycle then takes as long, and loses nothing
+        self.store = Store(db_path, say=on_warning)
+        self.alerter = alerter(self.store, self.metrics) if alerter else None
+        self.detector = Detector(self.options.detector)
         self._warned: set[str] = set()  # label warnings said already (each once per run)
         self._stored = {sid: SourceCheckpoint(sid, file or "", off, job, head or "")
                         for sid, file, off, job, head in self.store.sources()}
@@ -146,10 +149,13 @@ class EmbeddedRunner:
         return self.stats.lines - lines + (self.alerter.step() if self.alerter else 0)
 
     def close(self) -> None:
-        """Waits for alerts in flight, then closes the files and the database."""
-        if self.alerter:
-            self.alerter.close()
-        if self.checkpoints:
-            self.checkpoints.close()
-        self.watcher.close()
-        self.store.close()
+        """Waits for alerts in flight, then closes the files and the database (closed even
+        when an earlier step fails)."""
+        try:
+            if self.alerter:
+                self.alerter.close()
+            if self.checkpoints:
+                self.checkpoints.close()
+            self.watcher.close()
+        finally:
+            self.store.close()

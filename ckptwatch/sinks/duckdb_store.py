@@ -24,14 +24,41 @@ Tables (timestamps are ``TIMESTAMPTZ``, UTC):
 The tables hold raw log lines (secrets included: redaction applies to alerts only), so the
 database file and its ``.wal`` are private (``0600``, see :mod:`ckptwatch.private_files`):
 created under umask 077, tightened when opened and after every transaction.
+
+**A new database is created whole or not at all**: in a temporary file next to it
+(``.<name>.<random>.tmp``), schema written and checkpointed, then linked into place. A
+creation that fails (a full disk) leaves nothing behind and raises :class:`StoreError`,
+one line naming the cause (e.g. ``no space left on device (ENOSPC)``). A 0-byte file at
+the path (left by a creation that failed before this) is replaced.
+
+**A full disk does not lose or half-write anything, and does not stop the store.** Every
+write is a transaction (a statement outside :meth:`Store.transaction` is made one), and
+the statements of the open transaction are kept. When DuckDB cannot write for lack of
+space (ENOSPC, EDQUOT: at a statement, at ``COMMIT`` or at the automatic checkpoint after
+it, which invalidates DuckDB's instance), the transaction is rolled back as DuckDB left it,
+``say`` is told once (then every minute) that the store waits, and the transaction is
+tried again from its first statement, every few seconds, until it commits (the database
+reopened first when DuckDB invalidated it; a commit DuckDB reports durable is not
+repeated). The caller just sees a slow call. Offsets are written in the transaction of
+the data they cover, so a process stopped while waiting (Ctrl-C, SIGTERM: the wait is
+interruptible) resumes from what was stored, as after a crash. With
+``wait_for_space=False``, or while SIGTERM is ignored (the CLI's shutdown), nobody could
+stop the wait: :class:`DiskFull` is raised instead, the transaction rolled back.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import errno
 import json
-from collections.abc import Iterable, Iterator, Mapping
+import os
+import secrets
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 import duckdb
 import polars as pl
@@ -76,18 +103,213 @@ SourceRow = tuple[str, str, int, str | None] | tuple[str, str, int, str | None, 
 
 _EVENT_COLS = ", ".join(f'"{c}"' for c in EVENT_SCHEMA)
 
+#: errno -> its text, as DuckDB's IO errors quote it (strerror); the errors a full disk gives
+_NO_SPACE = {errno.ENOSPC: "No space left on device", errno.EDQUOT: "Disk quota exceeded"}
+#: first words of the statements that write: outside a transaction, one is made for them
+_WRITES = ("INSERT", "UPDATE", "DELETE", "CREATE", "ALTER", "DROP")
+#: seconds between two attempts while the disk is full (doubling from the first to the last)
+RETRY_FIRST, RETRY_MAX = 0.25, 5.0
+#: seconds between two "still waiting" messages
+SAY_EVERY = 60.0
+
+
+class StoreError(duckdb.IOException):
+    """The database cannot be created or written; the message is one line naming the cause.
+    A ``duckdb.Error``, so callers that report DuckDB's errors report it too."""
+
+
+class DiskFull(StoreError):
+    """No space (ENOSPC, EDQUOT) to write the database, and the store could not wait for
+    some (``wait_for_space=False``, or SIGTERM ignored): the transaction was rolled back."""
+
+
+def no_space(e: BaseException) -> int | None:
+    """``errno.ENOSPC`` / ``errno.EDQUOT`` when ``e`` is a DuckDB (or OS) error caused by a
+    full disk or quota, else None."""
+    if isinstance(e, OSError):
+        return e.errno if e.errno in _NO_SPACE else None
+    if not isinstance(e, duckdb.Error):
+        return None
+    text = str(e)
+    for code, words in _NO_SPACE.items():
+        if words in text or os.strerror(code) in text:
+            return code
+    return None
+
+
+#: OS errors named by their errno in messages (DuckDB quotes only their strerror text)
+_NAMED = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.ENOENT, errno.ENOTDIR, errno.EACCES, errno.EPERM,
+          errno.EROFS, errno.EIO, errno.EISDIR)
+
+
+def _cause(e: BaseException) -> str:
+    """``no space left on device (ENOSPC)`` and the like, or the error's first line."""
+    code = no_space(e)
+    if code is None and isinstance(e, OSError):
+        code = e.errno
+    if code is None and isinstance(e, duckdb.Error):
+        code = next((c for c in _NAMED if os.strerror(c) in str(e)), None)
+    if code is not None:
+        return f"{_NO_SPACE.get(code, os.strerror(code)).lower()} ({errno.errorcode.get(code, code)})"
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
+def _durable(e: BaseException) -> bool:
+    """DuckDB says the commit is durable and only the automatic checkpoint after it failed
+    (the instance is invalidated all the same)."""
+    return "COMMIT succeeded and is durable" in str(e)
+
+
+def _invalidating(e: BaseException) -> bool:
+    """After ``e``, DuckDB's instance refuses every statement: it must be reopened."""
+    return isinstance(e, duckdb.FatalException) or "database has been invalidated" in str(e)
+
+
+def _say_stderr(msg: str) -> None:
+    print(f"warning: {msg}", file=sys.stderr, flush=True)
+
+
+def _fsync(path: str, flags: int = os.O_RDONLY) -> None:
+    fd = os.open(path, flags)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _unlink(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def _is_new(path: str) -> bool:
+    """``path`` names a file database not created yet: missing, or an empty regular file
+    (what a creation that failed before atomic creation left)."""
+    if path.startswith(":memory:") or not path:
+        return False
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False  # DuckDB's own error says why
+    return st.st_size == 0 and os.path.isfile(path) and not os.path.exists(path + ".wal")
+
+
+def create_database(path: str) -> None:
+    """Create the database file ``path`` with the schema, atomically: built and
+    checkpointed in a temporary file of the same directory (``0600``), fsynced, then linked
+    into place (a database another process made meanwhile wins; an empty file is
+    replaced). On failure nothing is left behind. Raises :class:`StoreError` (:class:`DiskFull`
+    for a full disk), one line naming the cause."""
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(6)}.tmp")
+    try:
+        with private_files.private_umask():
+            con = duckdb.connect(tmp)
+            try:
+                con.execute(_DDL)
+                con.execute("CHECKPOINT")
+            finally:
+                con.close()
+        if os.path.exists(tmp + ".wal"):  # not all of it reached the file
+            raise StoreError("the new database was not checkpointed")
+        _fsync(tmp)
+        try:
+            os.link(tmp, path)  # never over a database made meanwhile
+        except FileExistsError:
+            if _is_new(path):
+                os.replace(tmp, path)  # an empty leftover
+        except OSError as e:
+            if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+                raise
+            if _is_new(path):  # no hard links here (some network and FUSE file systems)
+                os.replace(tmp, path)
+        _fsync(directory)
+    except (duckdb.Error, OSError) as e:
+        kind = DiskFull if no_space(e) is not None else StoreError
+        cause = _cause(e).replace(tmp, path)  # the temporary file is ours, not the user's to know
+        raise kind(f"cannot create the database: {cause}; nothing was left behind") from None
+    finally:
+        for p in (tmp, tmp + ".wal"):
+            with contextlib.suppress(OSError):
+                _unlink(p)
+
+
+class _Rows:
+    """The rows of a statement run in a transaction of its own, fetched before its commit
+    (``fetchone`` / ``fetchall``, like DuckDB's connection after ``execute``)."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+        self.description = con.description
+        try:
+            self._rows = con.fetchall() if con.description else []
+        except duckdb.Error:
+            self._rows = []
+        self._next = 0
+
+    def fetchall(self) -> list[tuple[Any, ...]]:
+        rows, self._next = self._rows[self._next:], len(self._rows)
+        return rows
+
+    def fetchone(self) -> tuple[Any, ...] | None:
+        if self._next >= len(self._rows):
+            return None
+        self._next += 1
+        return self._rows[self._next - 1]
+
+
+class Connection:
+    """``Store.con``: DuckDB's connection, with every write made safe on a full disk (see
+    the module docstring). ``execute`` and ``executemany`` go through the store; everything
+    else (``sql``, ``close``, ...) is DuckDB's own, on the current connection."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def execute(self, query: str, parameters: Any = None) -> Any:
+        if parameters is None:
+            return self._store._run(lambda raw: raw.execute(query), _writes(query))
+        return self._store._run(lambda raw: raw.execute(query, parameters), _writes(query))
+
+    def executemany(self, query: str, parameters: Any) -> Any:
+        return self._store._run(lambda raw: raw.executemany(query, parameters), _writes(query))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store.raw, name)
+
+
+def _writes(query: str) -> bool:
+    words = query.lstrip().split(None, 1)
+    return bool(words) and words[0].upper() in _WRITES
+
 
 class Store:
-    """A DuckDB database file (``":memory:"`` works too). Raises duckdb.Error when the file
-    cannot be opened (e.g. locked by another process)."""
+    """A DuckDB database file (``":memory:"`` works too), created atomically when missing.
+    Raises duckdb.Error when the file cannot be opened (e.g. locked by another process),
+    :class:`StoreError` when it cannot be created.
 
-    def __init__(self, path: str) -> None:
+    ``say``: one-line messages for the operator (waiting for disk space; default: standard
+    error); ``wait_for_space``: on a full disk, wait and retry (default) rather than raise
+    :class:`DiskFull` (see the module docstring)."""
+
+    def __init__(self, path: str, *, say: Callable[[str], None] | None = None, wait_for_space: bool = True) -> None:
         self.path = path
-        with private_files.private_umask():  # the file and its first WAL are created 0600
-            self.con = duckdb.connect(path)
-            self.con.execute(_DDL)
-        self._private()
+        self.say = say or _say_stderr
+        self.wait_for_space = wait_for_space
         self._depth = 0  # nesting of transaction()
+        self._journal: list[Callable[[duckdb.DuckDBPyConnection], Any]] | None = None  # the open transaction's
+        self._invalid = False  # DuckDB invalidated its instance (a failed checkpoint): reopen before use
+        if _is_new(path):
+            create_database(path)
+        self.raw = self._connect()
+        self.con = Connection(self)
+        self.con.execute(_DDL)  # an older database gains the newer columns
+        self._private()
+
+    def _connect(self) -> duckdb.DuckDBPyConnection:
+        with private_files.private_umask():  # the file and its first WAL are created 0600
+            return duckdb.connect(self.path)
 
     def _private(self) -> None:
         """The database file and its WAL (re-created after each checkpoint) made ``0600``."""
@@ -96,7 +318,15 @@ class Store:
                 private_files.tighten(p)
 
     def close(self) -> None:
-        self.con.close()
+        """Close the connection. DuckDB checkpoints on close; on a full disk that fails
+        harmlessly (what was committed is in the WAL, replayed at the next open)."""
+        try:
+            self.raw.close()
+        except duckdb.Error as e:
+            if no_space(e) is None and not _invalidating(e):
+                raise
+            self.say(f"database {self.path}: not checkpointed on close ({_cause(e)}); "
+                     "nothing is lost: the next start replays its WAL")
 
     def commit_batch(self, events: pl.DataFrame, offsets: Iterable[SourceRow], *,
                      unfollowed: Iterable[str] = ()) -> int:
@@ -194,7 +424,8 @@ class Store:
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:
         """One DuckDB transaction; nested uses join the outer one (e.g. the incidents and
-        the alerts queued for them commit together)."""
+        the alerts queued for them commit together). On a full disk it waits for space and
+        is tried again from its first statement (see the module docstring)."""
         if self._depth:
             self._depth += 1
             try:
@@ -202,16 +433,171 @@ class Store:
             finally:
                 self._depth -= 1
             return
-        self.con.execute("BEGIN")
+        self._begin()
+        self._journal = []
         self._depth = 1
         try:
-            yield
-        except BaseException:
-            self.con.execute("ROLLBACK")
-            raise
+            try:
+                yield
+            except BaseException:
+                self._rollback()
+                raise
+            finally:
+                self._depth = 0
+            try:
+                self._commit()
+            except BaseException:  # a stop while waiting for space: no transaction left open
+                self._rollback()
+                raise
         finally:
-            self._depth = 0
-        self.con.execute("COMMIT")
+            self._journal = None
+        self._private()
+
+    # -- writes that survive a full disk -------------------------------------------------
+
+    def _run(self, op: Callable[[duckdb.DuckDBPyConnection], Any], writes: bool) -> Any:
+        """``op(connection)``: in the open transaction (kept for a retry), or as a
+        transaction of its own when it ``writes`` (its rows fetched before the commit)."""
+        if self._journal is not None:
+            result = self._attempt(op)
+            if writes:  # what a retry replays (reads change nothing)
+                self._journal.append(op)
+            return result
+        if not writes:
+            self._ready()
+            try:
+                return op(self.raw)
+            except duckdb.Error as e:
+                if _invalidating(e):  # e.g. a CHECKPOINT that found no space
+                    self._invalid = True
+                raise
+        rows: list[_Rows] = []
+
+        def fetched(raw: duckdb.DuckDBPyConnection) -> Any:
+            rows[:] = [_Rows(op(raw))]  # a retry's rows are the ones that count
+            return raw
+
+        with self.transaction():
+            self._run(fetched, True)
+        return rows[0]
+
+    def _attempt(self, op: Callable[[duckdb.DuckDBPyConnection], Any]) -> Any:
+        """``op`` in the open transaction; when it fails for lack of space, the transaction
+        is started again once there is space (its statements so far replayed) and ``op``
+        tried again."""
+        try:
+            return op(self.raw)
+        except duckdb.Error as e:
+            if no_space(e) is None:
+                raise
+            return self._wait_for_space(e, lambda: self._replay(op))
+
+    def _begin(self) -> None:
+        def begin() -> None:
+            self._ready()
+            self.raw.execute("BEGIN")
+        try:
+            begin()
+        except duckdb.Error as e:
+            if no_space(e) is None:
+                raise
+            self._wait_for_space(e, begin)  # e.g. reopening after an invalidating checkpoint
+
+    def _commit(self) -> None:
+        try:
+            self.raw.execute("COMMIT")
+            return
+        except duckdb.Error as e:
+            if no_space(e) is None:
+                self._rollback()
+                raise
+            if _durable(e):  # committed; only the checkpoint after it failed, and DuckDB must be reopened
+                self._invalid = True
+                return
+            self._wait_for_space(e, lambda: self._replay(None, commit=True))
+
+    def _replay(self, op: Callable[[duckdb.DuckDBPyConnection], Any] | None, *, commit: bool = False) -> Any:
+        """Begin the open transaction again, replay its statements, then ``op`` (its result
+        returned) or the commit."""
+        self._ready()
+        self.raw.execute("BEGIN")
+        for done in self._journal or ():
+            done(self.raw)
+        if op is not None:
+            return op(self.raw)
+        if commit:
+            try:
+                self.raw.execute("COMMIT")
+            except duckdb.Error as e:
+                if _durable(e):
+                    self._invalid = True
+                    return None
+                raise
+        return None
+
+    def _wait_for_space(self, first: duckdb.Error, attempt: Callable[[], Any]) -> Any:
+        """After ``first`` (no space): roll back what DuckDB left of the transaction, then
+        ``attempt()`` every few seconds until it no longer fails for lack of space; its
+        result. Raises :class:`DiskFull` when the store may not wait (see the module
+        docstring); a KeyboardInterrupt (Ctrl-C, SIGTERM in the CLI) ends the wait."""
+        self._after_failure(first)
+        if not self._may_wait():
+            raise DiskFull(f"database {self.path}: {_cause(first)}: nothing was written "
+                           "(what was read is read again at the next start)") from None
+        started = time.monotonic()
+        self.say(f"database {self.path}: {_cause(first)}: waiting for space to write, retrying every "
+                 f"{RETRY_MAX:g} s; nothing read is lost (a stop now resumes from what was stored)")
+        said, delay = started, RETRY_FIRST
+        while True:
+            time.sleep(delay)
+            delay = min(RETRY_MAX, delay * 2)
+            try:
+                result = attempt()
+            except duckdb.Error as e:
+                if no_space(e) is None:
+                    self._rollback()
+                    raise
+                self._after_failure(e)
+                if time.monotonic() - said >= SAY_EVERY:
+                    said = time.monotonic()
+                    self.say(f"database {self.path}: still {_cause(e)} after {said - started:.0f} s; waiting")
+                continue
+            self.say(f"database {self.path}: written after waiting {time.monotonic() - started:.0f} s for space")
+            return result
+
+    def _after_failure(self, e: duckdb.Error) -> None:
+        """Leave no transaction open after ``e``; mark DuckDB's instance for reopening when
+        ``e`` invalidated it."""
+        if _invalidating(e):
+            self._invalid = True
+        else:
+            self._rollback()
+
+    def _may_wait(self) -> bool:
+        """Waiting is allowed, and someone can stop it (SIGTERM is not ignored)."""
+        if not self.wait_for_space:
+            return False
+        try:
+            return signal.getsignal(signal.SIGTERM) != signal.SIG_IGN
+        except ValueError:
+            return True
+
+    def _rollback(self) -> None:
+        """Roll back the transaction DuckDB has open, if any (after a failed commit it has none)."""
+        if self._invalid:
+            return
+        with contextlib.suppress(duckdb.Error):
+            self.raw.execute("ROLLBACK")
+
+    def _ready(self) -> None:
+        """Reopen the database when DuckDB invalidated its instance (what was committed is in
+        its WAL, replayed on open). Raises duckdb.Error (e.g. still no space to open it)."""
+        if not self._invalid:
+            return
+        with contextlib.suppress(duckdb.Error):
+            self.raw.close()
+        self.raw = self._connect()
+        self._invalid = False
         self._private()
 
     def _insert_events(self, events: pl.DataFrame) -> int:
@@ -219,8 +605,13 @@ class Store:
         if events.is_empty():
             return 0
         before = self.con.execute("SELECT count(*) FROM events").fetchone()[0]  # type: ignore[index]
-        arrow = events.select(list(EVENT_SCHEMA)).to_arrow()  # noqa: F841 (read by DuckDB)
-        self.con.execute(f"INSERT OR IGNORE INTO events ({_EVENT_COLS}) SELECT {_EVENT_COLS} FROM arrow")
+        batch = events.select(list(EVENT_SCHEMA)).to_arrow()
+
+        def insert(raw: duckdb.DuckDBPyConnection) -> Any:  # a closure: replayable after a full disk
+            arrow = batch  # noqa: F841 (read by DuckDB's replacement scan, from this frame)
+            return raw.execute(f"INSERT OR IGNORE INTO events ({_EVENT_COLS}) SELECT {_EVENT_COLS} FROM arrow")
+
+        self._run(insert, True)
         return int(self.con.execute("SELECT count(*) FROM events").fetchone()[0]) - before  # type: ignore[index]
 
     def _upsert(self, incidents: Iterable[Incident], now: dt.datetime) -> int:

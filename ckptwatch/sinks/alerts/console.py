@@ -41,5 +41,7 @@ class ConsoleChannel:
                 return Outcome("sent")
             if n.action in _HEADING:
                 self.console.print(f"[bold]{_HEADING[n.action]}:[/bold] incident {inc.id}")
+            elif inc.status == "resolved":  # first alerted when already over: told once all the same
+                self.console.print(f"[bold]resolved before it was alerted:[/bold] incident {inc.id}")
             report.render_text([inc], self.console)
         return Outcome("sent")

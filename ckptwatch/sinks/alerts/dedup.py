@@ -7,6 +7,17 @@ named another rank or class than the page did). An incident that resolves (the j
 save on every rank) or is superseded (its save was re-classified under another id) is
 ``resolve``-d on every channel that was alerted. Re-alerts after an interval are decided
 by the dispatcher's periodic scan, not here.
+
+An incident first seen already **resolved** (the evidence that it happened and the
+evidence that it ended arrived together: a backlog read after a restart or an outage,
+``run --once``, a detector that concluded it only once the job had saved again) still
+happened: its checkpoint is partial or corrupt on disk, and someone may resume from it.
+Each channel that would have been alerted and was not is told once (:data:`NOTICE`: a
+``trigger`` of the resolved version, then its ``resolve``, so that PagerDuty records an
+alert and closes it at once). Not so for a ``superseded`` one (withdrawn: it never held,
+or re-classified under another id), nor for a ``stalled_save`` that resolved (the save
+or a later one completed: a stall is a condition that only matters while it lasts), nor
+under a silence.
 """
 
 from __future__ import annotations
@@ -16,18 +27,26 @@ from ckptwatch.sinks.alerts.notification_log import History
 from ckptwatch.sinks.alerts.routing import severity_rank
 
 CLOSED = ("resolved", "superseded")
+#: :func:`decide`'s answer for an incident first seen resolved: queue a trigger, then a resolve
+NOTICE = "notice"
+#: kinds whose resolution means nothing is left to do (see the module docstring): no notice
+TRANSIENT_KINDS = ("stalled_save",)
 
 
 def decide(inc: Incident, hist: History | None, *, routed: bool, silenced: bool) -> str | None:
-    """``trigger`` | ``escalate`` | ``update`` | ``resolve`` | ``silenced`` (record the mute
-    once) | None.
+    """``trigger`` | ``escalate`` | ``update`` | ``resolve`` | :data:`NOTICE` (first seen
+    resolved: trigger, then resolve) | ``silenced`` (record the mute once) | None.
 
     ``hist``: what the channel was told so far (None: nothing); ``routed``: the channel's
     route takes this incident; ``silenced``: an active silence matches it. Resolves are
     sent even under a silence, so that nothing stays paged."""
     hist = hist or History()
     if inc.status in CLOSED:
-        return "resolve" if hist.alerted and not hist.resolved else None
+        if hist.alerted:
+            return None if hist.resolved else "resolve"
+        if inc.status == "resolved" and inc.kind not in TRANSIENT_KINDS and routed and not silenced:
+            return NOTICE
+        return None
     if not routed:
         return None
     if silenced:

@@ -40,10 +40,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import duckdb
+
 from ckptwatch.config import AlertSettings
 from ckptwatch.detectors.incident import Incident
 from ckptwatch.sinks.alerts.channels import Channel
-from ckptwatch.sinks.alerts.dedup import CLOSED, decide
+from ckptwatch.sinks.alerts.dedup import CLOSED, NOTICE, decide
 from ckptwatch.sinks.alerts.http import Outcome
 from ckptwatch.sinks.alerts.notification_log import Notification, NotificationLog
 from ckptwatch.sinks.alerts.redact import Redactor
@@ -132,6 +134,10 @@ class Alerter:
                 if action == "silenced":
                     self.log.enqueue(name, inc, "trigger", now, status="silenced")
                     self.stats.silenced += 1
+                elif action == NOTICE:  # resolved before any alert: told once, opened and closed
+                    self.log.enqueue(name, inc, "trigger", now)
+                    self.log.enqueue(name, inc, "resolve", now)
+                    queued += 2
                 elif action:
                     self.log.enqueue(name, inc, action, now)
                     queued += 1
@@ -259,7 +265,11 @@ class Alerter:
         """Wait for sends in flight (each bounded by its timeout) and record them; then
         :attr:`pending_at_close` says how many notifications stay queued for the next run."""
         self._pool.shutdown(wait=True)
-        self._collect(_utcnow())
+        try:
+            self._collect(_utcnow())
+        except duckdb.Error as e:  # e.g. a full disk at shutdown: the sends stay marked as started
+            self.say(f"alerts: the outcome of sends in flight could not be recorded ({str(e).splitlines()[0]}); "
+                     "they are sent again at the next start, marked as possible duplicates")
         self.pending_at_close = sum(self.log.pending_counts().values())
 
     def summary(self) -> str:

@@ -27,16 +27,20 @@ from ckptwatch.sinks.report import timeline
 SUMMARY_MAX = 1024
 DEDUP_KEY_MAX = 255
 SEVERITIES = ("critical", "error", "warning", "info")
+#: Opens the summary of an incident that had already resolved when it was first alerted
+RESOLVED_PREFIX = "[resolved before it was alerted] "
 
 
 def summary(inc: Incident) -> str:
-    """One line: kind, job, step, root cause, checkpoint; at most :data:`SUMMARY_MAX`
-    characters. Give it a redacted incident (:meth:`~.redact.Redactor.incident`): the
+    """One line: kind, job, step, root cause, checkpoint (after :data:`RESOLVED_PREFIX` for an
+    incident already resolved); at most :data:`SUMMARY_MAX` characters. Give it a redacted incident (:meth:`~.redact.Redactor.incident`): the
     checkpoint path is copied as it is."""
     rc = inc.root_cause
     cause = f"{rc.cls}" + (f" on rank {rc.rank}" if rc and rc.rank is not None else "") if rc else "cause unknown"
     host = f" ({rc.host})" if rc and rc.host else ""
     text = f"{inc.kind}: job {inc.job} step {inc.step}: {cause}{host}; checkpoint {inc.checkpoint_path}"
+    if inc.status == "resolved":  # first seen resolved: told once all the same (see dedup.NOTICE)
+        text = f"{RESOLVED_PREFIX}{text}"
     return text if len(text) <= SUMMARY_MAX else text[: SUMMARY_MAX - 1] + "…"
 
 

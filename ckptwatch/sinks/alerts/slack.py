@@ -39,6 +39,12 @@ def _section(text: str) -> dict[str, Any]:
 
 
 _PREFIX = {"escalate": "ESCALATED ", "realert": "STILL OPEN ", "update": "UPDATED "}
+
+
+def _prefix(inc: Incident, action: str) -> str:
+    """The header's first word: the action's, or RESOLVED for an incident first alerted
+    when it had already resolved (its resolve follows: see :data:`~.dedup.NOTICE`)."""
+    return "RESOLVED " if action == "trigger" and inc.status == "resolved" else _PREFIX.get(action, "")
 #: The context line of a message that may repeat one already posted.
 DUPLICATE_NOTE = (":warning: possible duplicate: an earlier post of this notification may have reached Slack "
                   "(no answer came, or ckptwatch restarted mid-send; Slack webhooks cannot deduplicate)")
@@ -56,7 +62,8 @@ def message(inc: Incident, *, redactor: Redactor, action: str = "trigger", maybe
     as fields, root cause line, last good checkpoint, remediation, and the per-rank timeline
     as a code block, built from ``inc`` with every string redacted. ``action`` ``escalate``
     / ``realert`` / ``update`` prefix the header; ``resolve`` gives :func:`resolved`.
-    ``maybe_duplicate`` adds :data:`DUPLICATE_NOTE` to the closing context block."""
+    ``maybe_duplicate`` adds :data:`DUPLICATE_NOTE` to the closing context block. A trigger
+    of an incident already resolved says RESOLVED in the header."""
     inc = redactor.incident(inc)
     if action == "resolve":
         return resolved(inc, maybe_duplicate=maybe_duplicate)
@@ -71,7 +78,7 @@ def message(inc: Incident, *, redactor: Redactor, action: str = "trigger", maybe
         "*Last good checkpoint*\n" + (f"step {lg.get('step')} `{lg.get('path')}`" if lg else "none seen"),
     ]
     blocks: list[dict[str, Any]] = [
-        {"type": "header", "text": {"type": "plain_text", "text": _fit(f"{_PREFIX.get(action, '')}{inc.severity.upper()} {inc.kind}: "
+        {"type": "header", "text": {"type": "plain_text", "text": _fit(f"{_prefix(inc, action)}{inc.severity.upper()} {inc.kind}: "
                                                                         f"job {inc.job} step {inc.step}", HEADER_MAX)}},
         {"type": "section", "fields": [{"type": "mrkdwn", "text": _fit(f, FIELD_MAX)} for f in fields[:10]]},
     ]
