@@ -112,6 +112,9 @@ class JobState:
     unlabelled_nodes: bool = False
     #: save lines read in several files (console and rank file): dedup key -> {source_id: offset}
     copies: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: per source (file) of the job: (its newest event time, wall time its last event arrived), UTC,
+    #: for the low watermark (:meth:`watermark` with ``source_idle``)
+    sources: dict[str, tuple[dt.datetime, dt.datetime]] = field(default_factory=dict)
 
     def add(self, ev: Ev, *, ts_limit: dt.datetime | None = None) -> bool:
         """Record ``ev``; False if it was already known (same dedup key). An event time past
@@ -247,16 +250,41 @@ class JobState:
     def host_of(self, rank: int | None) -> str | None:
         return self.rank_host.get(rank) if rank is not None else None
 
-    def watermark(self, lateness: dt.timedelta, now: dt.datetime | None) -> dt.datetime | None:
+    def arrived(self, ev: Ev, arrival: dt.datetime, *, ts_limit: dt.datetime | None = None) -> None:
+        """Note that ``ev`` (a copy already known included) arrived at wall time ``arrival``:
+        its source's newest event time and last arrival, for the low watermark. An event
+        time past ``ts_limit`` moves nothing, as in :meth:`add`."""
+        if ts_limit is not None and ev.ts > ts_limit:
+            return
+        known = self.sources.get(ev.source_id)
+        self.sources[ev.source_id] = (ev.ts if known is None or ev.ts > known[0] else known[0], arrival)
+
+    def watermark(self, lateness: dt.timedelta, now: dt.datetime | None, *,
+                  source_idle: float | None = None) -> dt.datetime | None:
         """The job's own event time minus ``lateness``, moved on by the wall time (``now``)
         since its last event arrived: one job's clock, or one future-dated line, never
-        concludes another job's saves."""
+        concludes another job's saves.
+
+        With ``source_idle`` (seconds), a *low* watermark: never past a source of the job
+        that is still being read. Each source (file) counts with its newest event time, moved
+        on by the wall time since its last event arrived, while that is under
+        ``source_idle`` seconds; a source silent longer (the file of a dead rank, a launcher
+        log that said its piece) holds nothing. Live, with every source current, this is the
+        plain watermark; it differs when the sources arrive out of step, as when a collector
+        starting over a backlog publishes one file after another: rank 1's save ends are then
+        not judged late by rank 0's time. (A rank not heard from at all is not waited for:
+        a save is expected only of the ranks that log saves, :mod:`.saves`.)"""
         if self.max_ts is None:
             return None
         wm = self.max_ts - lateness
         if now is not None and self.last_arrival is not None and now > self.last_arrival:
             wm += now - self.last_arrival
-        return wm
+        if source_idle is None or now is None:
+            return wm
+        idle = dt.timedelta(seconds=source_idle)
+        zero = dt.timedelta(0)
+        holds = [ts + max(now - at, zero) - lateness for ts, at in self.sources.values() if now - at < idle]
+        return min([wm, *holds])
 
     def hosts(self) -> set[str]:
         return set(self.rank_host.values())

@@ -51,6 +51,13 @@ class DetectorConfig:
     release_after: float = 3600.0
     tombstone_ttl: float = 7 * 86400.0
     registry_horizon: float = 30 * 86400.0
+    #: seconds; None: a job's watermark follows its newest event. Set: its *low* watermark,
+    #: which waits for each of its sources still being read (silent ones for at most this
+    #: long; see :meth:`JobState.watermark <ckptwatch.detectors.jobstate.JobState.watermark>`).
+    #: The fleet detector sets it: its sources arrive out of step (a collector catching up
+    #: publishes one file after another), where the embedded run reads a chunk of every file
+    #: before it judges.
+    source_idle: float | None = None
 
 
 @dataclass
@@ -120,6 +127,7 @@ class Detector:
                 self.stats.jobs += 1
             if not state.add(ev, ts_limit=limit):
                 self.stats.duplicates += 1
+            state.arrived(ev, arrival, ts_limit=limit)
             state.last_arrival = arrival
             self._dirty.add(job)
             if ev.kind in LOADING_KINDS:
@@ -307,7 +315,8 @@ class Detector:
         """``state``'s watermark; with ``final``, its newest event time (nothing is late any more)."""
         if final:
             return state.max_ts or self.max_ts  # type: ignore[return-value]
-        return state.watermark(lateness, now) or (self.max_ts - lateness)  # type: ignore[operator]
+        return (state.watermark(lateness, now, source_idle=self.config.source_idle)
+                or (self.max_ts - lateness))  # type: ignore[operator]
 
     def learn(self, incidents: Iterable[Incident]) -> None:
         """Take save incidents found elsewhere (another detector of the group, read back from

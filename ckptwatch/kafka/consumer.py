@@ -20,6 +20,28 @@ from ckptwatch.kafka import configuration
 
 PartitionsCallback = Callable[[set[TopicPartition]], None]
 
+#: seconds between two "waiting for Kafka" lines while a consumer cannot bootstrap
+REPORT_EVERY = 5.0
+
+
+def connect(settings: KafkaSettings, client_id: str, group: str | None, *,
+            on_wait: Callable[[str], None] | None = None) -> KafkaConsumer:
+    """A KafkaConsumer for ``group`` (None: outside any group), waiting while no broker
+    answers its bootstrap (a broker restarting after the service started): ``on_wait`` is
+    told every :data:`REPORT_EVERY` seconds. Raises KafkaError for a refusal."""
+    said = float("-inf")
+    while True:
+        try:
+            return KafkaConsumer(**configuration.consumer(settings, client_id, group))
+        except KafkaError as e:
+            if not getattr(e, "retriable", False):
+                raise
+            now = time.monotonic()
+            if on_wait is not None and now - said >= REPORT_EVERY:
+                said = now
+                on_wait(f"waiting for Kafka at {settings.bootstrap_servers} (no broker answers)")
+            time.sleep(1.0)
+
 
 class _Listener(ConsumerRebalanceListener):
     def __init__(self, on_assigned: PartitionsCallback, on_revoked: PartitionsCallback) -> None:
@@ -37,12 +59,15 @@ class GroupMember:
 
     ``on_assigned`` / ``on_revoked`` receive the partitions that moved, inside :meth:`poll`
     (kafka-python runs rebalance callbacks there), before any record of a new partition.
+    Waits while no broker answers at construction, telling ``on_wait`` (see :func:`connect`).
     """
 
     def __init__(self, settings: KafkaSettings, group: str, topics: Sequence[str], *, client_id: str,
-                 on_assigned: PartitionsCallback | None = None, on_revoked: PartitionsCallback | None = None) -> None:
+                 on_assigned: PartitionsCallback | None = None, on_revoked: PartitionsCallback | None = None,
+                 on_wait: Callable[[str], None] | None = None) -> None:
         self.topics = list(topics)
-        self._consumer = KafkaConsumer(**configuration.consumer(settings, client_id, group))
+        self.commit_error: KafkaError | None = None  # why the last commit failed, if it did
+        self._consumer = connect(settings, client_id, group, on_wait=on_wait)
         self._consumer.subscribe(list(topics), listener=_Listener(on_assigned or (lambda p: None),
                                                                      on_revoked or (lambda p: None)))
 
@@ -55,10 +80,11 @@ class GroupMember:
         """The group's committed offset of ``tp`` (the next offset to read), None if none."""
         return self._consumer.committed(tp)
 
-    def committed_with_metadata(self, tp: TopicPartition) -> tuple[int | None, str | None]:
+    def committed_with_metadata(self, tp: TopicPartition, timeout: float = 10.0) -> tuple[int | None, str | None]:
         """The group's committed offset of ``tp`` and the metadata committed with it
-        (``(None, None)`` if none)."""
-        got = self._consumer.committed(tp, metadata=True)
+        (``(None, None)`` if none). Raises KafkaTimeoutError when the group coordinator does
+        not answer within ``timeout`` seconds (the broker is away)."""
+        got = self._consumer.committed(tp, metadata=True, timeout_ms=int(timeout * 1000))
         return (None, None) if got is None else (got.offset, got.metadata)
 
     def highwater(self, tp: TopicPartition) -> int | None:
@@ -83,6 +109,15 @@ class GroupMember:
                 out[tp.topic] = out.get(tp.topic, 0) + max(0, end - pos)
         return out
 
+    def position(self, tp: TopicPartition, timeout: float = 5.0) -> int | None:
+        """The offset :meth:`poll` returns next for ``tp`` (resolving a pending seek to the
+        beginning within ``timeout`` seconds); None when it is not known yet (no answer in
+        time, or ``tp`` not assigned here any more)."""
+        try:
+            return self._consumer.position(tp, timeout_ms=int(timeout * 1000))
+        except KafkaError:
+            return None
+
     def seek(self, tp: TopicPartition, offset: int) -> None:
         """Read ``tp`` from ``offset`` next (allowed inside the assignment callback)."""
         self._consumer.seek(tp, offset)
@@ -93,17 +128,23 @@ class GroupMember:
     def assignment(self) -> set[TopicPartition]:
         return set(self._consumer.assignment())
 
-    def commit(self, offsets: Mapping[TopicPartition, int], metadata: Mapping[TopicPartition, str] | None = None) -> bool:
+    def commit(self, offsets: Mapping[TopicPartition, int], metadata: Mapping[TopicPartition, str] | None = None,
+               *, timeout: float = 10.0) -> bool:
         """Commit ``offsets`` (next offset to read, per partition), each with its
         ``metadata`` string if given (at most the broker's ``offset.metadata.max.bytes``,
         4096 by default). Returns False when the group rebalanced meanwhile (the new owner
-        re-reads from the last commit: no loss)."""
+        re-reads from the last commit: no loss) or the broker could not be reached (commit
+        again later: waited for at most ``timeout`` seconds); :attr:`commit_error` is then the
+        error, else None."""
+        self.commit_error = None
         if not offsets:
             return True
         meta = metadata or {}
         try:
-            self._consumer.commit({tp: OffsetAndMetadata(off, meta.get(tp, ""), -1) for tp, off in offsets.items()})
-        except (CommitFailedError, KafkaError):
+            self._consumer.commit({tp: OffsetAndMetadata(off, meta.get(tp, ""), -1) for tp, off in offsets.items()},
+                                  timeout_ms=int(timeout * 1000))
+        except (CommitFailedError, KafkaError) as e:
+            self.commit_error = e
             return False
         return True
 
@@ -141,11 +182,26 @@ def read_to_end(settings: KafkaSettings, topic: str, *, client_id: str, timeout:
 class TopicReader:
     """Follows every partition of ``topic`` from its beginning, outside any group (nothing
     committed): for state every member needs whole, such as the incidents all detectors
-    learn bad checkpoints from. ``poll`` returns what arrived since the last call."""
+    learn bad checkpoints from. ``poll`` returns what arrived since the last call. Waits
+    while no broker answers at construction, telling ``on_wait`` (see :func:`connect`)."""
 
-    def __init__(self, settings: KafkaSettings, topic: str, *, client_id: str) -> None:
-        self._consumer = KafkaConsumer(**configuration.consumer(settings, client_id, None))
-        parts = self._consumer.partitions_for_topic(topic) or set()
+    def __init__(self, settings: KafkaSettings, topic: str, *, client_id: str,
+                 on_wait: Callable[[str], None] | None = None) -> None:
+        said = float("-inf")
+        while True:
+            self._consumer = connect(settings, client_id, None, on_wait=on_wait)
+            try:
+                parts = self._consumer.partitions_for_topic(topic) or set()
+                break
+            except KafkaError as e:  # the broker went away after the bootstrap
+                self._consumer.close(autocommit=False)
+                if not getattr(e, "retriable", False):
+                    raise
+                now = time.monotonic()
+                if on_wait is not None and now - said >= REPORT_EVERY:
+                    said = now
+                    on_wait(f"waiting for Kafka at {settings.bootstrap_servers} ({e})")
+                time.sleep(1.0)
         tps = [TopicPartition(topic, p) for p in sorted(parts)]
         self._consumer.assign(tps)
         if tps:

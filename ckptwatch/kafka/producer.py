@@ -43,7 +43,9 @@ class Publisher:
             try:
                 self._producer = KafkaProducer(**configuration.producer(settings, client_id))
                 break
-            except KafkaTimeoutError:  # "Unable to bootstrap": no broker answers
+            except KafkaError as e:  # "Unable to bootstrap", ECONNREFUSED: no broker answers
+                if not getattr(e, "retriable", False):
+                    raise
                 self._waiting(f"waiting for Kafka at {settings.bootstrap_servers} (no broker answers)")
                 time.sleep(1.0)
 

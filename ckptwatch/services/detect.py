@@ -28,6 +28,21 @@ or resolve when late lines show its save finished. Offsets are committed only af
 incidents that depend on them are acknowledged by the broker. A kill -9 between the two re-publishes at most the
 incidents of one step, with the same id and content; the sink upserts them by id.
 
+Sources arrive out of step in a fleet: a collector starting over a backlog publishes one
+file after another, and a partition may be read half-way through such a batch. So each job
+is judged by its *low* watermark (``DetectorConfig.source_idle``, :data:`SOURCE_IDLE` by
+default): never past a source (file) of the job still being read, so rank 1's end-of-save
+lines are not judged late by rank 0's time; a source silent for ``source_idle`` seconds (a
+dead rank's file) holds nothing. The embedded run needs none: it reads a chunk of every
+file before it judges.
+
+A broker restart is waited out: a step that cannot reach the broker (no bootstrap, no
+coordinator, a timed-out offset or topic read) says ``waiting for Kafka at ...`` (every few
+seconds), rewinds the fetch positions to what was fed, and is tried again; nothing fed,
+published or committed is lost or repeated. With ``--until-idle``, the member concludes
+what waits for late evidence before it exits (:meth:`DetectorMember.finish`), as the
+embedded ``run --once`` and ``diagnose`` do.
+
 Replay starts where the previous owner said (:mod:`ckptwatch.services.replay`, committed
 with the offset): at the first event of the oldest job still live in the partition, so
 jobs its detector released (concluded and idle for ``release_after``) are not replayed;
@@ -38,18 +53,21 @@ a partition committed without it is replayed from the start of its retention. Ke
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from kafka import TopicPartition
 from kafka.consumer.fetcher import ConsumerRecord
+from kafka.errors import IllegalStateError, KafkaError
 
 from ckptwatch import failpoints
 from ckptwatch.config import Config
 from ckptwatch.detectors import Detector, DetectorConfig, Incident
 from ckptwatch.detectors.checkpoints import BAD_KINDS
-from ckptwatch.kafka.admin import ensure_topics
+from ckptwatch.kafka.admin import REPORT_EVERY, ensure_topics
 from ckptwatch.detectors.checkpoints import SaveFact
 from ckptwatch.kafka.codec import (DecodeError, decode_events_skipping, decode_incident, decode_save_fact,
                                    encode_incident, encode_save_fact, save_fact_key)
@@ -57,6 +75,16 @@ from ckptwatch.kafka.consumer import GroupMember, TopicReader, read_to_end
 from ckptwatch.kafka.producer import Message, Publisher
 from ckptwatch.services.replay import ReplayStart, decode_metadata, encode_metadata
 from ckptwatch.sinks.metrics import Metrics
+
+
+#: seconds a job's silent source still holds its watermark in the fleet (see the module doc)
+SOURCE_IDLE = 30.0
+
+
+def broker_away(e: BaseException) -> bool:
+    """``e`` is what a broker going away (or not back yet) raises: no connection, a timeout,
+    no coordinator. Refusals (authorization, a bad setting) are not."""
+    return isinstance(e, KafkaError) and bool(getattr(e, "retriable", False))
 
 
 @dataclass
@@ -68,40 +96,57 @@ class DetectStats:
     bad_messages: int = 0
     incidents_published: int = 0
     rebalances: int = 0
+    broker_waits: int = 0
 
 
 class DetectorMember:
     """One member of ``config.detect.group``. ``on_message`` receives human-readable notes
     (a broker outage, a message that is not an event). ``metrics`` gets incidents first
     published, detector lag, open saves, consumer lag and bad messages every step (a new
-    one when None)."""
+    one when None). ``detector_config.source_idle`` None is :data:`SOURCE_IDLE`."""
 
     def __init__(self, config: Config, *, detector_config: DetectorConfig | None = None,
                  on_message: Callable[[str], None] | None = None, poll_timeout: float = 0.5,
                  metrics: Metrics | None = None) -> None:
         self.config = config
         self.metrics = metrics or Metrics()
-        self.detector_config = detector_config or DetectorConfig(allowed_lateness=config.detect.allowed_lateness)
+        detector_config = detector_config or DetectorConfig(allowed_lateness=config.detect.allowed_lateness)
+        if detector_config.source_idle is None:
+            detector_config = dataclasses.replace(detector_config, source_idle=SOURCE_IDLE)
+        self.detector_config = detector_config
         self.on_message = on_message or (lambda msg: None)
         self.poll_timeout = poll_timeout
         self.stats = DetectStats()
         self.detectors: dict[TopicPartition, Detector] = {}
         self.replay_until: dict[TopicPartition, int] = {}
         self.position: dict[TopicPartition, int] = {}
+        self.committed: dict[TopicPartition, int] = {}  # what this member committed (or found committed)
+        self._waiting_since: float | None = None  # monotonic time the broker went away, while it is
+        self._said = float("-inf")
         self.published: dict[str, str] = {}  # incident id -> fingerprint of the latest published version
         self._refresh_published = True
         self._pending: set[TopicPartition] = set()  # assigned; committed offset not looked up yet
         self.joined = False  # until the group coordinator assigned us partitions (maybe none)
         ensure_topics(config.kafka, on_wait=self.on_message)
         self.publisher = Publisher(config.kafka, client_id="ckptwatch-detect", on_wait=self.on_message)
-        self.member = GroupMember(config.kafka, config.detect.group, [config.kafka.events_topic],
-                                  client_id="ckptwatch-detect", on_assigned=self._assigned, on_revoked=self._revoked)
-        # save incidents of every member: a resume in a job of ours may load another job's checkpoint
-        self.known_bad: dict[str, Incident] = {}
-        self.facts = TopicReader(config.kafka, config.kafka.incidents_topic, client_id="ckptwatch-detect-facts")
-        # save facts of every member: a resume is compared with the saver's world size and losses
-        self.known_saves: dict[bytes, SaveFact] = {}  # by checkpoint
-        self.saves = TopicReader(config.kafka, config.kafka.saves_topic, client_id="ckptwatch-detect-saves")
+        try:
+            self.member = GroupMember(config.kafka, config.detect.group, [config.kafka.events_topic],
+                                      client_id="ckptwatch-detect", on_assigned=self._assigned,
+                                      on_revoked=self._revoked, on_wait=self.on_message)
+            # save incidents of every member: a resume in a job of ours may load another job's checkpoint
+            self.known_bad: dict[str, Incident] = {}
+            self.facts = TopicReader(config.kafka, config.kafka.incidents_topic, client_id="ckptwatch-detect-facts",
+                                     on_wait=self.on_message)
+            # save facts of every member: a resume is compared with the saver's world size and losses
+            self.known_saves: dict[bytes, SaveFact] = {}  # by checkpoint
+            self.saves = TopicReader(config.kafka, config.kafka.saves_topic, client_id="ckptwatch-detect-saves",
+                                     on_wait=self.on_message)
+        except BaseException:  # interrupted while waiting for the broker: close what was opened
+            for part in ("facts", "member"):
+                if hasattr(self, part):
+                    getattr(self, part).close()
+            self.publisher.close()
+            raise
         self._read_upto: dict[tuple[str, int], int] = {}  # (topic, partition) -> next offset _load_published read
         self._adopting: set[TopicPartition] = set()  # new detectors, to adopt what was published
         self.replay_starts: dict[TopicPartition, ReplayStart] = {}  # per partition: where a new owner replays from
@@ -118,6 +163,7 @@ class DetectorMember:
             self.detectors[tp].learn(self.known_bad.values())
             self.detectors[tp].learn_saves(self.known_saves.values())
             self.position[tp] = 0
+            self.committed.pop(tp, None)
             self.replay_starts[tp] = ReplayStart()
             self._pending.add(tp)
         if partitions:
@@ -132,6 +178,7 @@ class DetectorMember:
             self.replay_starts.pop(tp, None)
             self.replay_until.pop(tp, None)
             self.position.pop(tp, None)
+            self.committed.pop(tp, None)
             self._pending.discard(tp)
 
     # -- one unit of work ------------------------------------------------------------------
@@ -199,14 +246,69 @@ class DetectorMember:
 
     def step(self, *, now: dt.datetime | None = None, final: bool = False) -> int:
         """Poll, feed, publish what changed, commit. Returns the number of records consumed
-        (1 while not yet in the group, so that waiting to join is not mistaken for idleness).
-        ``final``: the input is complete (``run --kafka --once`` after the collector read every
-        byte and the partitions are drained): nothing waits for late evidence any more."""
+        (1 while not yet in the group, or while the broker cannot be reached, so that waiting
+        is not mistaken for idleness). ``final``: the input is complete (``run --kafka
+        --once`` after the collector read every byte and the partitions are drained; the end
+        of ``--until-idle``): nothing waits for late evidence any more.
+
+        A broker that went away (a restart) is waited out: the step says so through
+        ``on_message`` (every few seconds), rewinds what was fetched and not fed, and
+        returns; the next step tries again. Raises KafkaError for a refusal."""
+        try:
+            consumed = self._step(now=now, final=final)
+        except KafkaError as e:
+            if not broker_away(e):
+                raise
+            self._broker_away(e)
+            return 1
+        if broker_away(self.member.commit_error):  # fed and published; committed at a later step
+            self._say_waiting(self.member.commit_error)  # type: ignore[arg-type]
+        elif self._waiting_since is not None:
+            self.on_message(f"Kafka at {self.config.kafka.bootstrap_servers} answers again after "
+                            f"{time.monotonic() - self._waiting_since:.0f} s")
+            self._waiting_since = None
+        return consumed
+
+    def _broker_away(self, e: KafkaError) -> None:
+        """After a step failed for want of the broker: say so (every :data:`REPORT_EVERY`
+        seconds), fetch again from what was fed (records polled in the failed step were not),
+        and pause a little."""
+        self._say_waiting(e)
+        assigned = self.member.assignment()
+        for tp, pos in self.position.items():
+            if tp in assigned:
+                try:
+                    self.member.seek(tp, pos)
+                except (IllegalStateError, AssertionError):  # revoked meanwhile: the new owner reads it
+                    pass
+        time.sleep(min(1.0, max(self.poll_timeout, 0.1)))
+
+    def _say_waiting(self, e: KafkaError) -> None:
+        """Count a step the broker cut short; say so every :data:`REPORT_EVERY` seconds."""
+        self.stats.broker_waits += 1
+        t = time.monotonic()
+        if self._waiting_since is None:
+            self._waiting_since = t
+        if t - self._said >= REPORT_EVERY:
+            self._said = t
+            self.on_message(f"waiting for Kafka at {self.config.kafka.bootstrap_servers} ({e})")
+
+    def finish(self) -> None:
+        """The input is complete (``--until-idle`` ended the run): feed what is still
+        waiting, then conclude what waits for late evidence (the watermark moves to each
+        job's end, as the embedded ``run --once`` and ``diagnose`` do) and publish the
+        incidents that follow, before the member leaves the group."""
+        while self.step(final=True):
+            pass
+
+    def _step(self, *, now: dt.datetime | None, final: bool) -> int:
         records = self.member.poll(self.poll_timeout)
         now = now or dt.datetime.now(dt.timezone.utc)
         for tp in list(self._pending):
             committed, meta = self.member.committed_with_metadata(tp)
             self.replay_until[tp] = committed or 0
+            if committed is not None:
+                self.committed[tp] = committed
             start = decode_metadata(meta)
             if start is not None and 0 < start <= self.replay_until[tp] and tp in self.detectors:
                 self.position[tp] = start  # the jobs before it were released: not replayed
@@ -255,10 +357,12 @@ class DetectorMember:
                 self.published[iid] = fp
             self.stats.incidents_published += len(msgs)
             failpoints.hit("detect.after_publish")
-        commits = {tp: self.position[tp] for tp in by_tp
-                   if tp in self.position and self.position[tp] > self.replay_until.get(tp, 0)}
-        self.member.commit(commits, {tp: encode_metadata(self.replay_starts[tp].start(off))
-                                     for tp, off in commits.items() if tp in self.replay_starts})
+        # every position not committed yet (also one fed in a step the broker cut short)
+        commits = {tp: pos for tp, pos in self.position.items()
+                   if tp not in self._pending and pos > max(self.replay_until.get(tp, 0), self.committed.get(tp, -1))}
+        if self.member.commit(commits, {tp: encode_metadata(self.replay_starts[tp].start(off))
+                                        for tp, off in commits.items() if tp in self.replay_starts}):
+            self.committed.update(commits)
         self.metrics.observe_incidents(inc for inc in changed if inc.id in first)
         self.metrics.observe_detectors(self.detectors.values(), now)
         self.metrics.set_consumer_lag(self.config.detect.group, self.member.lag())

@@ -64,16 +64,21 @@ def _collector(config: Config, options: PipelineOptions, say: Say, metrics: Metr
 
 
 def _detector(config: Config, options: PipelineOptions, say: Say, metrics: Metrics | None) -> DetectorMember:
-    detector_config = DetectorConfig(allowed_lateness=config.detect.allowed_lateness, windows=options.detector.windows)
+    detector_config = DetectorConfig(allowed_lateness=config.detect.allowed_lateness, windows=options.detector.windows,
+                                     source_idle=config.detect.source_idle)
     return DetectorMember(config, detector_config=detector_config, on_message=say, metrics=metrics)
 
 
 def detect(config: Config, options: PipelineOptions, *, until_idle: float | None, say: Say,
            metrics: Metrics | None = None) -> DetectorMember:
-    """Run one detector group member; returns it (closed) for its stats."""
+    """Run one detector group member; returns it (closed) for its stats. When
+    ``until_idle`` ends the run, the input is taken as complete: the member concludes what
+    waits for late evidence and publishes it before leaving (:meth:`DetectorMember.finish`)."""
     member = _detector(config, options, say, metrics)
     try:
         run_steps([member.step], interval=config.detect.interval, until_idle=until_idle)
+        if until_idle is not None:
+            member.finish()
     finally:
         member.close()
     return member

@@ -7,13 +7,16 @@ records how far each partition was read (table ``kafka_offsets``). The database,
 consumer group, is the authority on where to resume: on assignment each partition is
 sought to the offset stored in the database, or to its beginning for a database that never
 saw it (a new or moved file gets everything, not nothing). The group's offsets are
-committed after the transaction too, for lag monitoring. One sink process owns the database
+committed after the transaction too, for lag monitoring; and, after an assignment (a
+restart, a crash, a rebalance), the resumed positions are committed at once, so the group's
+offsets (what lag monitors read) are right before any new record arrives. One sink process owns the database
 file (DuckDB allows one writer). With an alerter, the incidents' notifications are queued
 in that same transaction and delivered from each step.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -51,6 +54,9 @@ class SinkMember:
                  on_incident: Callable[[Incident], None] | None = None, poll_timeout: float = 0.5,
                  metrics: Metrics | None = None) -> None:
         self.config = config
+        days = config.sink.retention_days
+        self.retention = dt.timedelta(days=days) if days > 0 else None  # raw events kept (None: all)
+        self._retention_due: dt.datetime | None = None
         self.metrics = metrics or Metrics()
         self.store = store
         self._stored = store.kafka_offsets()  # (topic, partition) -> next offset, as in the database
@@ -62,18 +68,39 @@ class SinkMember:
         ensure_topics(config.kafka, on_wait=self.on_message)
         k = config.kafka
         self.joined = False  # until the group coordinator assigned us partitions
+        self._resumed: set[TopicPartition] = set()  # assigned; their resumed position not committed yet
         self.member = GroupMember(k, config.sink.group, [k.events_topic, k.incidents_topic], client_id="ckptwatch-sink",
-                                  on_assigned=self._assigned)
+                                  on_assigned=self._assigned, on_revoked=self._revoked, on_wait=self.on_message)
 
     def _assigned(self, partitions: set[TopicPartition]) -> None:
         # runs on kafka-python's IO thread: seeks only (offsets from memory), no blocking call
         self.joined = True
+        self._resumed |= partitions
         for tp in partitions:
             where = self._stored.get((tp.topic, tp.partition))
             if where is None:
                 self.member.seek_to_beginning([tp])
             else:
                 self.member.seek(tp, where)
+
+    def _revoked(self, partitions: set[TopicPartition]) -> None:
+        self._resumed -= partitions
+
+    def _commit_resumed(self, records: list[ConsumerRecord]) -> None:
+        """Commit where each newly assigned partition resumed (the offset stored in the
+        database, or the beginning for one it never saw): what lag monitors read is right
+        even while no record arrives. Partitions with records in this poll are committed
+        after their transaction instead; one whose position is not known yet is tried
+        again next step."""
+        self._resumed -= {TopicPartition(r.topic, r.partition) for r in records}
+        where: dict[TopicPartition, int] = {}
+        for tp in sorted(self._resumed, key=lambda t: (t.topic, t.partition)):
+            off = self.member.position(tp)
+            if off is None:
+                break  # no answer (the broker is away): the rest next step, not one timeout each
+            where[tp] = off
+        if where and self.member.commit(where):
+            self._resumed -= set(where)
 
     def _bad(self, r: ConsumerRecord, e: Exception) -> None:
         self.stats.bad_messages += 1
@@ -85,10 +112,23 @@ class SinkMember:
         alert deliveries done or in flight (1 while not yet in the group, so that waiting to
         join is not mistaken for idleness)."""
         alerts = self.alerter.step() if self.alerter else 0
+        self._retain()
         return self._consume() + alerts
+
+    def _retain(self) -> None:
+        """Once an hour, delete raw events older than ``[sink] retention_days`` of jobs
+        quiet that long (:meth:`Store.delete_events_before`)."""
+        now = dt.datetime.now(dt.timezone.utc)
+        if self.retention is None or (self._retention_due is not None and now < self._retention_due):
+            return
+        self._retention_due = now + dt.timedelta(hours=1)
+        gone = self.store.delete_events_before(now - self.retention, quiet_jobs=True)
+        if gone:
+            self.on_message(f"sink: retention deleted {gone} events older than {self.retention.days} days")
 
     def _consume(self) -> int:
         records = self.member.poll(self.poll_timeout)
+        self._commit_resumed(records)
         self.metrics.set_consumer_lag(self.config.sink.group, self.member.lag())
         if not records:
             return 0 if self.joined else 1

@@ -1,0 +1,101 @@
+"""A detector member waits out a broker restart, as the collector and the sink do: before it
+got its partitions (it used to raise ``KafkaTimeoutError: Unable to bootstrap`` reading the
+incidents topic back, and ``ckptwatch detect`` exited 2) and while it consumes. It says
+``waiting for Kafka at ...``, then goes on where it was: every incident published once.
+Runs its own broker (scripts/kafka-local), since it stops it."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+
+import pytest
+from kafka_support import assert_no_version_twice, fresh_config, kafka_local, topic_messages
+
+from ckptwatch.ingest.layout import compile_template
+from ckptwatch.kafka.codec import decode_incident
+from ckptwatch.rules import RuleSet
+from ckptwatch.services.collect import Collector
+from ckptwatch.services.detect import DetectorMember
+
+pytestmark = pytest.mark.kafka
+
+
+@pytest.fixture
+def own_broker(tmp_path):
+    local = kafka_local()
+    state = tmp_path / "broker"
+    try:
+        addr = local.start(state, None, 180.0)
+    except SystemExit as e:
+        pytest.fail(f"could not start the Kafka broker: {e}")
+    yield local, state, addr
+    local.stop(state, 2.0)  # its data is thrown away: no need for a clean shutdown
+
+
+def failing_save(job: str) -> dict[str, str]:
+    """Two rank files: a complete save, then rank 1 fails the next one with ENOSPC."""
+    t = "2026-11-30T08:0"
+    out = {}
+    for r in (0, 1):
+        lines = [f"{t}0:00.00{r}000Z ckptwatch event=save_start step=10 rank={r} world_size=2 path=/ckpt/{job}/step_10",
+                 f"{t}0:02.00{r}000Z ckptwatch event=save_end step=10 rank={r} world_size=2 files=2 bytes=4096 "
+                 f"path=/ckpt/{job}/step_10",
+                 f"{t}3:20.00{r}000Z ckptwatch event=save_start step=30 rank={r} world_size=2 path=/ckpt/{job}/step_30"]
+        lines.append(f"{t}3:21.000000Z ERROR OSError: [Errno 28] No space left on device: '/ckpt/{job}/step_30/x.pt'"
+                     if r else f"{t}3:22.000000Z ckptwatch event=save_end step=30 rank=0 world_size=2 files=2 "
+                               f"bytes=4096 path=/ckpt/{job}/step_30")
+        out[f"rank{r}.log"] = "\n".join(lines) + "\n"
+    return out
+
+
+def test_detector_waits_out_a_broker_restart_before_and_after_it_got_its_partitions(own_broker, tmp_path):
+    local, state, addr = own_broker
+    cfg = fresh_config(addr, tmp_path, partitions=1)
+    cfg = dataclasses.replace(cfg, collect=dataclasses.replace(cfg.collect, paths=[str(tmp_path / "logs")]))
+
+    def write(job: str) -> None:
+        (tmp_path / "logs" / job).mkdir(parents=True)
+        for name, text in failing_save(job).items():
+            (tmp_path / "logs" / job / name).write_text(text)
+
+    def restart(member: DetectorMember, down: float = 4.0) -> None:
+        local.stop(state, 2.0)  # SIGTERM, SIGKILL after 2 s: a clean shutdown takes 10 s and more
+        until = time.monotonic() + down
+        while time.monotonic() < until:
+            member.step()  # raised before the fix
+        local.start(state, None, 180.0)
+
+    def consume(member: DetectorMember, events: int) -> None:
+        deadline = time.monotonic() + 90
+        while not (member.joined and member.stats.events >= events):
+            member.step()
+            assert time.monotonic() < deadline, "the detector did not get its partition after the restart"
+
+    notes: list[str] = []
+    write("job-a")
+    collector = Collector(cfg, rules=RuleSet.load(), template=compile_template("{job}/rank{rank}.log"))
+    collector.step(final=True)
+    collector.close()
+    member = DetectorMember(cfg, on_message=notes.append, poll_timeout=0.2)
+    try:
+        restart(member)  # before it joined: waiting for its partitions
+        assert not member.stats.events
+        consume(member, 8)
+        restart(member)  # while it consumes
+        write("job-b")
+        collector = Collector(cfg, rules=RuleSet.load(), template=compile_template("{job}/rank{rank}.log"))
+        collector.step(final=True)
+        collector.close()
+        consume(member, 16)
+        member.finish()
+    finally:
+        member.close()
+    waits = [n for n in notes if n.startswith(f"waiting for Kafka at {addr}")]
+    assert waits and member.stats.broker_waits >= 1
+    assert any("answers again" in n for n in notes)
+    published = [decode_incident(m.value) for m in topic_messages(addr, cfg.kafka.incidents_topic)]
+    assert collections.Counter((i.job, i.kind, i.step) for i in published) == {
+        ("job-a", "storage_failure_during_save", 30): 1, ("job-b", "storage_failure_during_save", 30): 1}
+    assert_no_version_twice(addr, cfg.kafka.incidents_topic)
