@@ -31,6 +31,7 @@ File layout (every key optional; see ``examples/ckptwatch.toml``)::
     [detect]
     group = "ckptwatch-detect"             # Kafka consumer group of the detectors
     allowed_lateness = 5.0                 # seconds behind the newest event time
+    source_idle = 30.0                     # s a silent source (rank file) holds its job's watermark back
 
     [sink]
     db = "incidents.duckdb"
@@ -118,11 +119,13 @@ class CollectSettings:
 
 @dataclass(frozen=True)
 class DetectSettings:
-    """The detector consumer group; ``allowed_lateness`` and ``interval`` in seconds."""
+    """The detector consumer group; ``allowed_lateness``, ``interval`` and ``source_idle``
+    (see :data:`ckptwatch.services.detect.SOURCE_IDLE`) in seconds."""
 
     group: str = "ckptwatch-detect"
     allowed_lateness: float = 5.0
     interval: float = 0.5
+    source_idle: float = 30.0  # a source silent this long no longer holds its job's watermark back
 
 
 @dataclass(frozen=True)
@@ -252,6 +255,7 @@ _CHECKS: dict[tuple[str, str], Callable[[Any], str | None]] = {
     ("collect", "verify_settle"): _seconds(zero_ok=True),
     ("detect", "interval"): _seconds(zero_ok=False, high=86400.0),
     ("detect", "allowed_lateness"): _seconds(zero_ok=True),
+    ("detect", "source_idle"): _seconds(zero_ok=False),
     ("alerts", "channels"): lambda v: _check_alerts("channels", v),
     ("alerts", "silences"): lambda v: _check_alerts("silences", v),
     ("alerts", "realert_interval"): _seconds(zero_ok=True),

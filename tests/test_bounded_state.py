@@ -153,3 +153,33 @@ def test_embedded_restart_replays_only_live_jobs_and_still_judges_a_resume_from_
     con.close()
     assert ("poisoned_resume", "hf-0502-resume", 400, bad_id) in rows
     assert ("interrupted_save", "hf-0501-train", 400, None) in rows
+
+
+def test_fleet_retention_counts_a_job_quiet_since_the_horizon_as_ended(tmp_path):
+    """The fleet sink's retention (``[sink] retention_days``): its detectors release jobs in
+    their own state, so a job with no event since the horizon counts as ended; a job still
+    logging keeps its old events, and host lines go."""
+    import polars as pl
+
+    from ckptwatch.schema import EVENT_SCHEMA
+    from ckptwatch.sinks.duckdb_store import Store
+
+    now = dt.datetime(2026, 12, 2, tzinfo=dt.timezone.utc)
+    rows = [("old-job", now - 40 * 24 * HOUR), ("old-job", now - 35 * 24 * HOUR),
+            ("live-job", now - 40 * 24 * HOUR), ("live-job", now - HOUR), (None, now - 40 * 24 * HOUR)]
+    events = pl.DataFrame({"source_id": ["s"] * len(rows), "offset": list(range(len(rows))),
+                           "job": [j for j, _ in rows], "ts": [t for _, t in rows], "kind": ["save_start"] * len(rows),
+                           "line": [f"line {i}" for i in range(len(rows))]})
+    events = events.with_columns([pl.lit(None, dtype=t).alias(c) for c, t in EVENT_SCHEMA.items()
+                                  if c not in events.columns]).select(list(EVENT_SCHEMA)).cast(EVENT_SCHEMA)
+    store = Store(str(tmp_path / "f.duckdb"))
+    try:
+        store.commit_batch(events, [])
+        horizon = now - 30 * 24 * HOUR
+        assert store.delete_events_before(horizon) == 1  # embedded rule: the host line only
+        assert store.delete_events_before(horizon, quiet_jobs=True) == 2  # and the quiet job's two
+        left = store.con.execute("SELECT job, ts FROM events ORDER BY ts").fetchall()
+    finally:
+        store.close()
+    assert [(j, t.astimezone(dt.timezone.utc)) for j, t in left] == [("live-job", now - 40 * 24 * HOUR),
+                                                                       ("live-job", now - HOUR)]

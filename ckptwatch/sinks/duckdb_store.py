@@ -399,14 +399,20 @@ class Store:
         rows = self.con.execute("SELECT doc FROM detector_state WHERE name = 'registry'").fetchall()
         return jobs, json.loads(rows[0][0]) if rows else None
 
-    def delete_events_before(self, before: dt.datetime) -> int:
+    def delete_events_before(self, before: dt.datetime, *, quiet_jobs: bool = False) -> int:
         """Retention: delete events older than ``before`` (UTC) of released jobs and of no job
-        (host lines); a live job keeps all its events (a restart replays them). Incidents
-        keep their evidence lines. Returns how many went."""
+        (host lines); a live job keeps all its events (a restart replays them). With
+        ``quiet_jobs`` (the fleet sink, whose detectors release jobs in their own state), a
+        job with no event since ``before`` counts as released. Incidents keep their evidence
+        lines. Returns how many went."""
+        ended = "SELECT job FROM released_jobs"
+        params: list[Any] = [before]
+        if quiet_jobs:
+            ended += " UNION SELECT job FROM events WHERE job IS NOT NULL GROUP BY job HAVING max(ts) < ?"
+            params.append(before)
         with self.transaction():
-            n = self.con.execute(
-                "DELETE FROM events WHERE ts < ? AND (job IS NULL OR job IN (SELECT job FROM released_jobs))",
-                [before]).fetchall()
+            n = self.con.execute(f"DELETE FROM events WHERE ts < ? AND (job IS NULL OR job IN ({ended}))",
+                                 params).fetchall()
         return int(n[0][0]) if n else 0
 
     def upsert_incidents(self, incidents: Iterable[Incident]) -> int:
