@@ -8,30 +8,16 @@ it listed the directory."""
 from __future__ import annotations
 
 import collections
-import datetime as dt
 import shutil
 from pathlib import Path
 
 import polars as pl
 import pytest
 
+from test_rotation import append, at, lines
+
 from ckptwatch.ingest import discovery
 from ckptwatch.ingest.watcher import SourceWatcher
-
-T0 = dt.datetime(2026, 11, 30, 10, 0, tzinfo=dt.timezone.utc)
-
-
-def at(seconds: float) -> dt.datetime:
-    return T0 + dt.timedelta(seconds=seconds)
-
-
-def lines(tag: str, n: int, start: int = 0) -> str:
-    return "".join(f"2026-11-30 10:00:{i % 60:02d},000 INFO {tag} line {i}\n" for i in range(start, start + n))
-
-
-def append(path: Path, text: str) -> None:
-    with path.open("a") as f:
-        f.write(text)
 
 
 def texts(records: list[pl.DataFrame]) -> collections.Counter[str]:

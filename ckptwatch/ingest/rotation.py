@@ -5,9 +5,14 @@ in place while the writer goes on. The tail of ``train.log`` notices the truncat
 (:class:`ckptwatch.ingest.tail.FileTail`): the old content becomes a :class:`Superseded`
 generation (its source id, read offset, first line and a hash of the bytes read), and
 the file is read again from 0 under a new id. When a new file then shows up that
-:func:`is_copy` of a superseded generation, it is read from the old read offset on: the
-lines before it were read already, the lines after it (written after our last read and
-before the copy) are new.
+:func:`is_copy` of a superseded generation, it is read from the old read offset on, under
+the generation's id: the lines before it were read already, the lines after it (written
+after our last read and before the copy) are new, and each line keeps the ``(source_id,
+offset)`` it had in the original. So lines read from the original but not checkpointed (a
+collector killed after publishing them) are read from the copy again under the same pair,
+which consumers drop. The generation is known by the path it had when it was last read
+(logrotate names the copy after it, even if the file was renamed since: ``copytruncate``
+then a ``.1 -> .2`` shift).
 
 Limitations:
 
@@ -71,10 +76,12 @@ def is_rotated_name(original: str, candidate: str) -> bool:
 def is_copy(gen: Superseded, f: BinaryIO, path: str, head: bytes) -> bool:
     """True if the file ``f`` at ``path`` with first line ``head`` is a copy of the
     superseded generation ``gen``: same first line, rotated name, at least as long as the
-    old read offset, and (when known) the same bytes up to it. Raises OSError if ``f``
-    cannot be read."""
+    old read offset, and (when known) the same bytes up to it. The offset may be 0 (a
+    source checkpointed before anything of it was, see
+    :meth:`ckptwatch.services.collect.Collector.step`). Raises OSError if ``f`` cannot be
+    read."""
     c = gen.checkpoint
-    if c.offset <= 0 or identity.head_hash(head) != c.head_hash or not is_rotated_name(c.path, path):
+    if identity.head_hash(head) != c.head_hash or not is_rotated_name(c.path, path):
         return False
     if os.fstat(f.fileno()).st_size < c.offset:
         return False

@@ -131,6 +131,8 @@ class FileTail:
         self._file: BinaryIO | None = None
         self._key: tuple[int, int] | None = None
         self._seen: tuple[int, int] | None = None  # (size, mtime_ns) at the last poll
+        self._seen_path: str | None = None  # ``path`` at the last poll (a rename may have moved it since)
+        self._copy_of_path: str | None = None  # the path of the source this file is a copy of (resume())
         self._digest = hashlib.sha256() if offset == 0 else None  # of bytes [0, offset), if known
         self._last_growth: dt.datetime | None = None
         self._gz_size: tuple[tuple[int, int], int] | None = None  # ((size, mtime_ns), decompressed length)
@@ -213,26 +215,41 @@ class FileTail:
             self._used_ids.add(sid)
         return self.source_id
 
-    def resume(self, *, offset: int, job: str | None, generation: int | None = None) -> None:
+    def resume(self, *, offset: int, job: str | None, generation: int | None = None,
+               copy_of: SourceCheckpoint | None = None) -> None:
         """Continue a source known from before (a checkpoint, or a copy of a truncated file)
         at byte ``offset``, with its learned ``job``; call after :meth:`identify` found the
         id and before the first :meth:`poll`. ``generation``: the id to take is the one of
         that generation (see :func:`ckptwatch.ingest.identity.source_id_of`; earlier
-        generations count as used); None keeps the id :meth:`identify` chose."""
+        generations count as used); None keeps the id :meth:`identify` chose.
+
+        ``copy_of``: the file is a copy (logrotate's ``copytruncate``) of that source's
+        file, byte for byte up to ``offset`` at least: it goes on under that source's id, so
+        a line has the same ``(source_id, offset)`` whether it was read from the original or
+        from the copy (a collector killed after publishing lines it had not checkpointed
+        publishes them again under the same pair, and consumers drop them). Its
+        checkpoints keep that source's path, so a restart finds the copy again under a
+        rotated name of it (:func:`ckptwatch.ingest.rotation.is_copy`)."""
         assert self._key is not None and self.head is not None, "resume() needs identify() first"
         if generation is not None:
             ids = identity.generation_ids(*self._key, self.head)[: generation + 1]
             self._used_ids.update(ids)
             self.source_id = ids[-1]
+        if copy_of is not None:
+            self.source_id = copy_of.source_id
+            self._used_ids.add(copy_of.source_id)
+            self._copy_of_path = copy_of.path
         self.offset = offset
         self.job = self.labels.job or job
         self._digest = hashlib.sha256() if offset == 0 else None
 
     def checkpoint(self) -> SourceCheckpoint | None:
-        """Where a restart resumes this source, None while it has no id yet."""
+        """Where a restart resumes this source, None while it has no id yet. The path is
+        the file's, or for a copy that continues another source, that source's (see
+        :meth:`resume`)."""
         if self.source_id is None or self.head is None:
             return None
-        return SourceCheckpoint(self.source_id, self.path, self.committed_offset, self.job,
+        return SourceCheckpoint(self.source_id, self._copy_of_path or self.path, self.committed_offset, self.job,
                                 identity.head_hash(self.head))
 
     def prefix_sha256(self) -> str | None:
@@ -275,8 +292,9 @@ class FileTail:
             mtime = dt.datetime.fromtimestamp(st.st_mtime, dt.timezone.utc)
             size = self._size(st)
             seen, self._seen = self._seen, (st.st_size, st.st_mtime_ns)
+            seen_path, self._seen_path = self._seen_path, self.path
             if self.source_id is not None and self._seen != seen and self._rewritten(size, final=final):
-                out.append(self._supersede(now, mtime, seen[1] if seen else None))
+                out.append(self._supersede(now, mtime, seen[1] if seen else None, seen_path or self.path))
             if self.identify(final=final) is None:
                 return _concat(out)
             if final or size > self.offset:
@@ -322,16 +340,19 @@ class FileTail:
         assert self._file is not None
         return size < self.offset or identity.read_head(self._file, final=final) != self.head
 
-    def _supersede(self, now: dt.datetime, mtime: dt.datetime, seen_mtime_ns: int | None) -> pl.DataFrame:
+    def _supersede(self, now: dt.datetime, mtime: dt.datetime, seen_mtime_ns: int | None,
+                   seen_path: str) -> pl.DataFrame:
         """End the current generation: emit its held-back records, record it in
-        ``superseded`` (with the file's mtime at the last poll before, ``seen_mtime_ns``)
-        and start over at offset 0 (a new id is taken by :meth:`identify`)."""
+        ``superseded`` (with the file's mtime and path at the last poll before,
+        ``seen_mtime_ns`` and ``seen_path``: a ``copytruncate`` copy is named after the path
+        the file had when it was copied, not after a name it was renamed to since) and
+        start over at offset 0 (a new id is taken by :meth:`identify`)."""
         assert self.source_id is not None and self.head is not None
         flushed = self._emit(self.held, flush=True, now=now, mtime=mtime)
-        ckpt = SourceCheckpoint(self.source_id, self.path, self.offset, self.job, identity.head_hash(self.head))
+        ckpt = SourceCheckpoint(self.source_id, seen_path, self.offset, self.job, identity.head_hash(self.head))
         self.superseded.append(rotation.Superseded(ckpt, self._digest.hexdigest() if self._digest else None,
                                                    seen_mtime_ns))
-        self.source_id, self.head, self.offset = None, None, 0
+        self.source_id, self.head, self.offset, self._copy_of_path = None, None, 0, None
         self.held, self.carry, self._digest = pl.DataFrame(), {}, hashlib.sha256()
         self.file_carry = None
         self.layout, self.rank_map, self._ambiguous_nodes = None, {}, set()

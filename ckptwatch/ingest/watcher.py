@@ -7,7 +7,9 @@ Each :meth:`SourceWatcher.poll`:
    followed costs one ``stat`` per poll and no read when it did not change.
 2. on the first poll only, looks next to each checkpointed source for a file renamed,
    while nobody watched, to a rotated name the paths do not match (``train.log`` ->
-   ``train.log.1``): it is followed from its committed offset, as in step 3.
+   ``train.log.1``): it is followed from its committed offset, as in step 3. After step
+   4, the same for a ``copytruncate`` copy of a checkpointed source that no file found
+   claimed (under the source's id, from its committed offset).
 3. polls every file it follows (a :class:`~.tail.FileTail` each, holding the file open):
 
    * a file renamed to another watched path is followed there (same id, same offset);
@@ -18,10 +20,12 @@ Each :meth:`SourceWatcher.poll`:
      ``final``);
    * a file truncated in place is read again from 0 under a new id (see :mod:`.tail`);
    * when a file is found truncated, or (the first time) renamed away, its rotated-name
-     siblings in the same directory (``train.log.1``, ``train.log-20261130``) that are
-     neither followed nor under a watched path are looked at: a ``copytruncate`` copy of
-     the truncated generation (possibly an older copy rewritten in place) is read from the
-     old read offset to its end and dropped; a file never read and written to since the
+     siblings in the same directory (``train.log.1``, ``train.log-20261130``; for a
+     truncation, of the path the file had at the last poll, where logrotate copied it
+     from) that are neither followed nor under a watched path are looked at: a
+     ``copytruncate`` copy of the truncated generation (possibly an older copy rewritten
+     in place) is read from the old read offset to its end, under the generation's id,
+     and dropped; a file never read and written to since the
      followed one was last (a generation created and rotated away between two polls) is
      read from 0: to its end and dropped after a truncation, followed until idle after a
      rename. Older archives are left alone.
@@ -29,8 +33,10 @@ Each :meth:`SourceWatcher.poll`:
    After a ``final`` poll no file is held open (a later poll opens them again by path).
 
 4. starts following each new file: at its committed offset when its id (of any
-   generation) is in ``committed``; at the old read offset when it is the copy of a
-   truncated file (:mod:`.rotation`); else from 0. A new file that looks like a copy of a
+   generation) is in ``committed``; at the old read offset and under the old id when it
+   is the copy of a truncated file or of a checkpointed source (:mod:`.rotation`; so a
+   line read from the original and again from its copy has one ``(source_id, offset)``);
+   else from 0. A new file that looks like a copy of a
    followed file still being made (``copytruncate`` before the truncation: same first
    line, a rotated name, the same bytes before the followed file's offset) is left for
    the next poll, unless ``final``. A new file renamed to a rotated name of its path
@@ -154,8 +160,10 @@ class SourceWatcher:
             frames.append(self._poll_tail(tail, final=final, now=now, superseded=truncated))
             if truncated:
                 seen = [g.mtime_ns for g in truncated if g.mtime_ns is not None]
-                frames += self._read_rotated_siblings(tail.path, at, since_ns=min(seen) if seen else None,
-                                                      truncated=True, final=final, now=now)
+                # copies are named after the path the file was copied from (it may have been renamed since)
+                for copied_from in dict.fromkeys(g.checkpoint.path for g in truncated):
+                    frames += self._read_rotated_siblings(copied_from, at, since_ns=min(seen) if seen else None,
+                                                          truncated=True, final=final, now=now)
             if where is None and key not in self._gone:
                 self._gone.add(key)
                 frames += self._read_rotated_siblings(tail.path, at, since_ns=tail.last_write_ns(),
@@ -169,6 +177,9 @@ class SourceWatcher:
                 tail = self._start(key, path, sig, final=final)
                 if tail is not None:
                     frames.append(self._poll_tail(tail, final=final, now=now))
+        if self._polls == 1:  # once every file found could claim its own checkpoint
+            for tail in self._find_moved(at, final=final, copies=True):
+                frames.append(self._poll_tail(tail, final=final, now=now))
         self.backlog = any(t.more for t in self._tails.values())
         if final:  # no descriptor is held between polls (many files, one diagnose)
             for tail in self._tails.values():
@@ -287,9 +298,14 @@ class SourceWatcher:
     def _resume(self, tail: FileTail) -> bool:
         """Continue ``tail`` from a checkpoint of its own (any generation) or of the
         truncated file it is a copy of; False if it is new."""
+        return self._resume_own(tail) or self._resume_copy(tail)
+
+    def _resume_copy(self, tail: FileTail) -> bool:
+        """Continue ``tail`` as the ``copytruncate`` copy of a source not followed any more
+        (truncated in this run, or checkpointed before a restart): from that source's offset
+        on, under that source's id (see :meth:`FileTail.resume
+        <ckptwatch.ingest.tail.FileTail.resume>`); False if it is no such copy."""
         assert tail.head is not None and tail.handle is not None
-        if self._resume_own(tail):
-            return True
         try:
             copies = [(since, g.checkpoint.offset, sid) for sid, (g, since) in self._unfollowed.items()
                       if rotation.is_copy(g, tail.handle, tail.path, tail.head)]
@@ -298,7 +314,8 @@ class SourceWatcher:
         if not copies:
             return False
         gen, _ = self._unfollowed.pop(max(copies)[2])  # the most recent, then the furthest read
-        tail.resume(offset=gen.checkpoint.offset, job=gen.checkpoint.job)
+        tail.resume(offset=gen.checkpoint.offset, job=gen.checkpoint.job, copy_of=gen.checkpoint)
+        self._retired.add(gen.checkpoint.source_id)  # no other file takes that id now
         return True
 
     def _copy_in_progress(self, new: FileTail) -> bool:
@@ -315,15 +332,17 @@ class SourceWatcher:
                     continue
         return False
 
-    def _find_moved(self, at: Mapping[Key, object], *, final: bool) -> None:
-        """Follow the files of checkpointed sources that were renamed, while nobody watched,
-        to a rotated name the paths do not match (until read to their end: no watched path
-        points at them)."""
+    def _find_moved(self, at: Mapping[Key, object], *, final: bool, copies: bool = False) -> list[FileTail]:
+        """Follow the files of checkpointed sources that were renamed (``copies``: copied by
+        ``copytruncate``), while nobody watched, to a rotated name the paths do not match
+        (until read to their end: no watched path points at them). Returns the tails
+        started."""
         by_dir: dict[str, set[str]] = {}
         for gen, since in self._unfollowed.values():
             if since == 0 and gen.checkpoint.path:  # only checkpoints from before this run
                 directory, name = os.path.split(os.path.abspath(gen.checkpoint.path))
                 by_dir.setdefault(directory, set()).add(name)
+        started = []
         for directory, names in by_dir.items():
             try:
                 listing = sorted(os.listdir(directory))
@@ -331,7 +350,8 @@ class SourceWatcher:
                 continue
             for name in listing:
                 cand = os.path.join(directory, name)
-                if name in names or not any(name[:k] in names for k in range(1, len(name))) or self.exclude(cand):
+                if (name in names or not any(name[:k] in names for k in range(1, len(name)))
+                        or (copies and name.endswith(discovery.SKIP_SUFFIXES)) or self.exclude(cand)):
                     continue
                 try:
                     st = os.stat(cand)
@@ -341,14 +361,17 @@ class SourceWatcher:
                     continue
                 tail = self._new_tail(cand)
                 try:
-                    resumed = tail.identify(final=final) is not None and self._resume_own(tail)
+                    resumed = tail.identify(final=final) is not None and (
+                        self._resume_copy(tail) if copies else self._resume_own(tail))
                 except InputError:
                     resumed = False
                 if resumed and tail.key is not None:
                     self._tails[tail.key] = tail
                     self.stats.files += 1
+                    started.append(tail)
                 else:
                     tail.close()
+        return started
 
     def _resume_own(self, tail: FileTail) -> bool:
         """Continue ``tail`` from a checkpoint of its own id (any generation); False if none."""

@@ -16,6 +16,7 @@ cost little; the sink stores each once (same ``(source_id, offset)``).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import os
 import re
@@ -26,7 +27,7 @@ import polars as pl
 from ckptwatch import failpoints
 from ckptwatch.config import Config
 from ckptwatch.detectors.events import is_host_event
-from ckptwatch.ingest.checkpoint import FileCheckpointer
+from ckptwatch.ingest.checkpoint import FileCheckpointer, SourceCheckpoint
 from ckptwatch.integrity.watch import CheckpointWatcher
 from ckptwatch.ingest.watcher import SourceWatcher
 from ckptwatch.kafka.admin import ensure_topics
@@ -59,9 +60,11 @@ class Collector:
         own = os.path.abspath(config.collect.checkpoint)
         self.checkpoints = CheckpointWatcher.from_settings(config.collect)
         extra = [str(self.checkpoints.log)] if self.checkpoints else []
+        committed = self.checkpointer.load()
+        self._saved = dict(committed)  # what the checkpoint file holds, by source id
         self.watcher = SourceWatcher(
             config.collect.paths + extra, template=template, boot_time=boot_time, line_prefix=line_prefix,
-            committed=self.checkpointer.load(),
+            committed=committed,
             exclude=lambda p: os.path.abspath(p).startswith(own),
         )
         self.stats = self.watcher.stats
@@ -100,11 +103,30 @@ class Collector:
         self.metrics.observe_ingest(self.stats, events)
         msgs = self.messages(events) if not events.is_empty() else []
         if msgs:
+            self._checkpoint_new_sources()
             self.publisher.publish(msgs)
             failpoints.hit("collect.after_publish")
-        self.checkpointer.save(self.watcher.checkpoints())
+        self._save(self.watcher.checkpoints())
         self.published += events.height
         return events.height
+
+    def _checkpoint_new_sources(self) -> None:
+        """Before publishing: add the sources the checkpoint file does not hold yet (first
+        read in this step), at offset 0, to what it holds. A collector killed after the
+        broker acknowledged their lines, before their offsets were saved, then knows them
+        at restart: a copy made meanwhile by ``copytruncate`` (``train.log.1``) is read
+        again under the source's id, so the lines published twice carry the same
+        ``(source_id, offset)`` and consumers drop them (see :mod:`ckptwatch.ingest.rotation`).
+        One more save, only in steps that find a new file or generation."""
+        current = self.watcher.checkpoints()
+        new = [dataclasses.replace(c, offset=0) for c in current if c.source_id not in self._saved]
+        if new:
+            self._save([*self._saved.values(), *new])
+
+    def _save(self, entries: list[SourceCheckpoint]) -> None:
+        """Save ``entries`` as the checkpoint file's content and remember them."""
+        self.checkpointer.save(entries)
+        self._saved = {c.source_id: c for c in entries}
 
     def close(self) -> None:
         """Close the checkpoint verifier, flush and close the producer (what is still
