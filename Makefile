@@ -25,3 +25,11 @@ test: setup
 
 clean:
 	rm -rf $(VENV) demo.duckdb .pytest_cache
+
+# Issue 14: the soak (kill -9 of every stage, broker restarts, rotation, full disks, failing
+# alert receivers; every line once, the fault-free incidents, every alert delivered), then
+# the input fuzzers with many more examples than CI runs.
+.PHONY: soak
+soak: setup
+	$(BIN)/python benchmarks/soak.py --seed 1 --rounds 20 --mode both
+	CKPTWATCH_FUZZ_EXAMPLES=100000 $(BIN)/python -m pytest -q tests/test_fuzz_inputs.py tests/test_integrity_fuzz.py
