@@ -240,6 +240,10 @@ def run_cmd(
                            "sink": {"retention_days": retention_days},
                            "metrics": {"port": metrics_port, "address": metrics_address}}, need_kafka=False)
     options = _options(path_template, boot_time, rules, line_prefix)
+    # a live run judges like the fleet's detectors: files written out of step (a rank behind
+    # another by a poll, a restart reading a backlog) are not judged late by the newest one
+    options.detector = dataclasses.replace(options.detector, allowed_lateness=cfg.detect.allowed_lateness,
+                                           source_idle=cfg.detect.source_idle)
     # a relative verification log lives next to the database, like the run's other state
     verify_log = os.path.join(os.path.dirname(os.path.abspath(db)), cfg.collect.verify_log)
     cfg = dataclasses.replace(cfg, collect=dataclasses.replace(cfg.collect, verify_log=verify_log))

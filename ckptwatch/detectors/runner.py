@@ -54,9 +54,10 @@ class DetectorConfig:
     #: seconds; None: a job's watermark follows its newest event. Set: its *low* watermark,
     #: which waits for each of its sources still being read (silent ones for at most this
     #: long; see :meth:`JobState.watermark <ckptwatch.detectors.jobstate.JobState.watermark>`).
-    #: The fleet detector sets it: its sources arrive out of step (a collector catching up
-    #: publishes one file after another), where the embedded run reads a chunk of every file
-    #: before it judges.
+    #: The fleet detector and ``ckptwatch run`` set it (``[detect] source_idle``): sources
+    #: arrive out of step (a collector catching up publishes one file after another; a live
+    #: tail reads a rank's file a poll behind another's). ``diagnose`` reads every file to
+    #: its end before it concludes, and leaves it off.
     source_idle: float | None = None
 
 
