@@ -257,6 +257,7 @@ def run_cmd(
         _sigterm_as_interrupt()
         with _stopped_quietly():
             store = _open_store(db)
+            store.wait_for_space = not once  # as in the embedded run
             try:
                 built = _build(lambda: alerter(store, metrics))
                 res = _serve(lambda: launch.run_all(cfg, options, store, once=once, until_idle=until_idle, say=_say,
@@ -286,13 +287,18 @@ def run_cmd(
         raise _fail(str(e)) from None
     except duckdb.Error as e:
         raise _fail(f"--db {db}: {str(e).splitlines()[0]}") from None
+    # a one-shot run gives up on a full disk (one line, exit 2; a re-run resumes from what was
+    # stored) where a service waits for space
+    runner.store.wait_for_space = not once
+    stopped = False
     try:
         runner.run(once=once, interval=interval, until_idle=until_idle)
     except (KeyboardInterrupt, RuntimeError, duckdb.Error) as e:
         if not _interrupted(e):
-            if isinstance(e, duckdb.Error):  # EIO, EFBIG, a full disk at shutdown: nothing stored is lost
+            if isinstance(e, duckdb.Error):  # EIO, EFBIG, a full disk: nothing stored is lost
                 raise _fail(f"--db {db}: {str(e).splitlines()[0]}") from None
             raise
+        stopped = True
     finally:
         with _shielded():
             stats = runner.stats.to_dict()
@@ -301,6 +307,8 @@ def run_cmd(
         _report_stats(stats, f"{stats['events']} events; database {db}")
         if runner.alerter:
             _alerts_done(runner.alerter, once)
+    if stopped and once:  # the input was not read to its end: not a success for a script
+        raise typer.Exit(130)
 
 
 def _alerts_done(alerter: Alerter, once: bool) -> None:

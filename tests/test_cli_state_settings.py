@@ -82,3 +82,28 @@ def test_state_and_delivery_settings_are_checked_where_they_are_read():
                                ("SINK_RETENTION_DAYS", "1e9", "3650 days")]:
         with pytest.raises(config.ConfigError, match=reason):
             config.load(None, env={f"CKPTWATCH_{key}": value})
+
+
+def test_a_one_shot_run_stopped_before_the_end_of_its_input_does_not_exit_0(tmp_path):
+    # cron or CI must not read an interrupted `run --once` as done; a service's stop stays 0
+    import signal
+    import time
+
+    log = tmp_path / "logs" / "job-a" / "rank0.log"
+    log.parent.mkdir(parents=True)
+    with open(log, "w") as f:
+        for i in range(400_000):
+            f.write(f"2026-11-30T10:00:00.{i % 1000:03d}Z ckptwatch event=save_start step={i} rank=0 world_size=1 "
+                    f"path=/ckpt/s{i}\n")
+    proc = subprocess.Popen([sys.executable, "-m", "ckptwatch", "run", "--logs", str(tmp_path / "logs"),
+                             "--db", str(tmp_path / "d.duckdb"), "--once"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "d.duckdb").exists():  # started reading
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err

@@ -349,3 +349,24 @@ def test_without_waiting_a_full_disk_is_one_error_and_the_store_goes_on(disk):
         assert store.committed_offsets() == {"src": (1000, None)}
     finally:
         store.close()
+
+
+def test_a_one_shot_run_gives_up_on_a_full_disk_with_one_line_and_a_rerun_resumes(disk, tmp_path):
+    """``run --once`` is a script's step, not a service: on a full disk it stops with one
+    line and exit 2 (it used to retry every 5 s for ever), keeping what was stored."""
+    log = tmp_path / "logs" / "job-a" / "rank0.log"
+    db = disk.path / "x.duckdb"
+    lines(log, 1, 100)
+    run_once(tmp_path / "logs", db)
+    size_stored = log.stat().st_size
+    disk.fill()
+    lines(log, 101, 200)
+    proc = subprocess.run(cli("run", "--logs", str(tmp_path / "logs"), "--db", str(db), "--once",
+                              "--path-template", TEMPLATE), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert f"error: --db {db}:" in proc.stderr and "ENOSPC" in proc.stderr
+    assert stored(db) == (100, [(str(log), size_stored)])
+    disk.free()
+    run_once(tmp_path / "logs", db)
+    assert stored(db) == (200, [(str(log), log.stat().st_size)])
