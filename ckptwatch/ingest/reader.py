@@ -10,6 +10,12 @@
 * ``\\r\\n`` endings lose the ``\\r``; a lone ``\\r`` inside a line (a progress bar
   redrawn in place, a log written with CR separators) separates lines too, each with
   its own offset.
+* ANSI escape sequences (terminal colours, cursor moves, hyperlinks: CSI ``ESC [ … final``,
+  OSC ``ESC ] … BEL`` or ``ESC ] … ESC \\``, and two-byte ``ESC x`` escapes; also a CSI
+  JSON-escaped as ``\\u001b[…`` inside a JSON log line) are removed from the text, so no
+  rule, path or incident id sees them; offsets stay the byte offsets of the file.
+  Vectorized per read (one polars ``str.replace_all`` over the batch) and only when the
+  bytes read hold an ESC at all.
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ import json
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import BinaryIO
+
+import polars as pl
 
 DEFAULT_MAX_LINE_BYTES = 1 << 20  # 1 MiB
 DEFAULT_CHUNK_BYTES = 8 << 20  # how much one call reads at most (plus one huge line)
@@ -39,6 +47,23 @@ class ReadResult:
     next_offset: int = 0
     skipped: list[tuple[str, int, int]] = field(default_factory=list)
     invalid_utf8: int = 0
+    _ansi: bool = field(default=False, repr=False, compare=False)  # the bytes read hold an ESC
+
+
+#: one ANSI escape sequence (ECMA-48): CSI ``ESC [ params intermediates final``, OSC ``ESC ] …``
+#: ended by BEL or ST (``ESC \\``) or the line's end, any other ``ESC`` + intermediates + final
+#: (``ESC ( B``, ``ESC 7``, ``ESC M``), a lone ESC; and a CSI written JSON-escaped
+#: (``\\u001b[32m`` in a container runtime's ``{"log": …}`` line).
+ANSI_ESCAPE = (r"\x1b\[[0-?]*[ -/]*[@-~]"
+               r"|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\|$)"
+               r"|\x1b[ -/]*[0-~]"
+               r"|\x1b"
+               r"|\\u001[bB]\[[0-?]*[ -/]*[@-~]")
+
+
+def strip_ansi(texts: pl.Series) -> pl.Series:
+    """``texts`` without ANSI escape sequences (see :data:`ANSI_ESCAPE`); vectorized."""
+    return texts.str.replace_all(ANSI_ESCAPE, "")
 
 
 def _decode(raw: bytes, res: ReadResult) -> str:
@@ -94,10 +119,27 @@ def read_lines(
 
     Raises OSError if the file cannot be opened or read.
     """
+    res = _read_lines(source, offset, final=final, max_line_bytes=max_line_bytes, chunk_bytes=chunk_bytes)
+    if res._ansi and res.lines:
+        # only the lines that hold an escape go through polars (building a Series of every
+        # line costs more than the regex itself); one replace_all over them all
+        lines = res.lines
+        hit = [i for i, (_, t) in enumerate(lines) if "\x1b" in t or "\\u001" in t]
+        if hit:
+            clean = strip_ansi(pl.Series([lines[i][1] for i in hit], dtype=pl.Utf8)).to_list()
+            for i, text in zip(hit, clean, strict=True):
+                lines[i] = (lines[i][0], text)
+    return res
+
+
+def _read_lines(source: str | BinaryIO, offset: int, *, final: bool, max_line_bytes: int,
+                chunk_bytes: int) -> ReadResult:
+    """:func:`read_lines` without removing ANSI escapes (it sets ``_ansi`` when there may be some)."""
     res = ReadResult(next_offset=offset)
     with _opened(source) as f:
         f.seek(offset)
         buf = f.read(chunk_bytes)
+        res._ansi = b"\x1b" in buf or b"\\u001" in buf
         pos = 0
         while True:
             nl = buf.find(b"\n", pos)
@@ -121,8 +163,9 @@ def read_lines(
                             res.skipped.append(("line_too_long", start, n))
                             res.next_offset = start + n + 1
                             # continue with a fresh chunk after the huge line
-                            more = read_lines(f, res.next_offset, final=final,
-                                              max_line_bytes=max_line_bytes, chunk_bytes=chunk_bytes)
+                            more = _read_lines(f, res.next_offset, final=final,
+                                               max_line_bytes=max_line_bytes, chunk_bytes=chunk_bytes)
+                            res._ansi = res._ansi or more._ansi
                             res.lines.extend(more.lines)
                             res.skipped.extend(more.skipped)
                             res.invalid_utf8 += more.invalid_utf8
