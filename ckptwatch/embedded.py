@@ -102,7 +102,13 @@ class EmbeddedRunner:
             del self._stored[sid]
         if not events.is_empty():
             self.detector.process(events.iter_rows(named=True), now=now)
-        changed = self.detector.advance(final=final and not self.watcher.backlog, now=now)
+        done = final and not self.watcher.backlog
+        # lines that name no job (a launcher's log beside rank files labelled from within):
+        # the one job's, as diagnose takes them; live too, once one job is known
+        # (live only once every file is read to its end: a backlog may still hold another job)
+        if not self.watcher.backlog:
+            self.detector.adopt_unlabelled(live=not done)
+        changed = self.detector.advance(final=done, now=now)
         released = self.detector.take_released()
         if released:
             self.store.save_released(released, self.detector.registry.to_dict())

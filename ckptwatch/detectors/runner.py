@@ -29,6 +29,9 @@ from ckptwatch.detectors.saves import SaveState, saves_of
 
 UNKNOWN_JOB = "unknown"
 MAX_AHEAD = dt.timedelta(days=1)
+#: seconds: a kernel OOM kill of the very pid a death by signal of a job reports, this close
+#: in time, is that death's cause though no host label joins them (see Detector._host_events_for)
+OOM_PID_WINDOW = 60.0
 
 
 @dataclass(frozen=True)
@@ -138,26 +141,51 @@ class Detector:
                 self._loads_dirty.add(job)  # losses after a resume: post_resume_regression
         self.last_arrival = arrival
 
-    def adopt_unlabelled(self) -> bool:
+    def adopt_unlabelled(self, *, live: bool = False, others: Iterable[JobState] = ()) -> bool:
         """When every event that names a job names the same one, the events that name none
-        (a launcher's or kernel's file beside rank files read through a path template) are
-        that job's: fold job ``unknown`` into it. For one-shot reads; True if it did."""
+        (a launcher's or kernel's file beside rank files whose labels come from a template or
+        from lines inside them) are that job's: fold job ``unknown`` into it. True if it did.
+
+        ``diagnose`` calls it once, before its final advance; ``ckptwatch run`` before each
+        advance with the files read to their end (``live=True``) and before the final one;
+        the fleet detector when one member reads every partition, with the ``unknown`` jobs
+        of the other partitions' detectors as ``others`` (:meth:`take_unlabelled`). Folding
+        again is harmless: events already in the job are not added twice (their dedup key),
+        so unlabelled events arriving later are folded as they come. ``live``: a job
+        released (see :class:`DetectorConfig`) whose newest event is not older than the
+        oldest unlabelled event makes it ambiguous: nothing is folded."""
         named = [j for j in self.jobs if j != UNKNOWN_JOB]
-        unknown = self.jobs.get(UNKNOWN_JOB)
-        if unknown is None or len(named) != 1:
+        unknowns = [u for u in (self.jobs.get(UNKNOWN_JOB), *others) if u is not None]
+        if not unknowns or len(named) != 1:
             return False
-        state = self.jobs[named[0]]
-        for ev in [*unknown.events.values(), *unknown.progress]:
-            state.add(ev)
-        state.last_arrival = max(filter(None, (state.last_arrival, unknown.last_arrival)), default=None)
-        if unknown.loading:
-            self._loading.add(named[0])
-            self._loads_dirty.add(named[0])
-        self._loading.discard(UNKNOWN_JOB)
-        self._loads_dirty.discard(UNKNOWN_JOB)
-        del self.jobs[UNKNOWN_JOB]
-        self._dirty.add(named[0])
+        if live and self.released:
+            first = min((e.ts for u in unknowns for e in [*u.events.values(), *u.progress]), default=None)
+            if first is None or any(ts >= first for job, (ts, _) in self.released.items() if job != named[0]):
+                return False
+        job = named[0]
+        state = self.jobs[job]
+        for unknown in unknowns:
+            for ev in [*unknown.events.values(), *unknown.progress]:
+                state.add(ev)
+            for sid, (ts, at) in unknown.sources.items():  # its files count for the job's low watermark
+                known = state.sources.get(sid)
+                state.sources[sid] = (ts, at) if known is None else (max(ts, known[0]), max(at, known[1]))
+            state.last_arrival = max(filter(None, (state.last_arrival, unknown.last_arrival)), default=None)
+            if unknown.loading:
+                self._loading.add(job)
+                self._loads_dirty.add(job)
+        self.take_unlabelled()
+        self._dirty.add(job)
         return True
+
+    def take_unlabelled(self) -> JobState | None:
+        """Remove and return job ``unknown`` (the events that name no job), to be folded into
+        the one named job another detector holds (:meth:`adopt_unlabelled`'s ``others``)."""
+        for ids in (self._loading, self._loads_dirty, self._dirty):
+            ids.discard(UNKNOWN_JOB)
+        for table in (self._open_saves, self._unfinished):
+            table.pop(UNKNOWN_JOB, None)
+        return self.jobs.pop(UNKNOWN_JOB, None)
 
     def watermark(self, now: dt.datetime | None = None) -> dt.datetime | None:
         """Newest event time of any job minus the allowed lateness, advanced by idle wall
@@ -170,12 +198,26 @@ class Detector:
             wm += now - self.last_arrival
         return wm
 
-    def _host_events_for(self, state: JobState) -> list[Ev]:
+    def _host_events_for(self, state: JobState, events: list[Ev] | None = None) -> list[Ev]:
+        """Kernel / storage events joined to ``state``'s job: of its hosts, or of a pid of one
+        of its ranks; and a kernel OOM kill of the pid a death by signal of the job reports
+        (a launcher's ``failed (exitcode: -9) ... (pid: N)``) within :data:`OOM_PID_WINDOW`,
+        its host unknown on either side or the same (a single-node run reads no host label)."""
         hosts, pids = state.hosts(), set(state.pid_rank)
-        return sorted(
-            (e for e in self.host_events.values() if (e.host and e.host in hosts) or (e.pid is not None and e.pid in pids)),
-            key=lambda e: (e.ts, e.source_id, e.offset),
-        )
+        deaths: dict[int, list[tuple[dt.datetime, str | None]]] = {}
+        if any(e.kind == "oom_kill" and e.pid is not None and e.pid not in pids for e in self.host_events.values()):
+            for e in (events if events is not None else state.events.values()):
+                if e.pid is not None and e.died_of_signal:
+                    deaths.setdefault(e.pid, []).append((e.ts, e.host or state.host_of(state.rank_of(e))))
+        window = dt.timedelta(seconds=OOM_PID_WINDOW)
+
+        def joined(e: Ev) -> bool:
+            if (e.host and e.host in hosts) or (e.pid is not None and e.pid in pids):
+                return True
+            return e.kind == "oom_kill" and any(abs(e.ts - ts) <= window and (not e.host or not h or e.host == h)
+                                                for ts, h in deaths.get(e.pid, ()))  # type: ignore[arg-type]
+
+        return sorted((e for e in self.host_events.values() if joined(e)), key=lambda e: (e.ts, e.source_id, e.offset))
 
     def advance(self, *, final: bool = False, now: dt.datetime | None = None) -> list[Incident]:
         """Evaluate jobs and return incidents that are new or changed (``detected_ts`` set
@@ -202,7 +244,7 @@ class Detector:
                 if self.registry.record_save(fact):
                     registry_changed = True
                     self._new_saves[checkpoint_key(fact.path, fact.step)] = fact
-            found = save_incidents.evaluate(state, self._host_events_for(state), wm, final=final,
+            found = save_incidents.evaluate(state, self._host_events_for(state, events), wm, final=final,
                                             windows=self.config.windows, saves=saves, events=events)
             for inc in found:
                 registry_changed |= self.registry.record_incident(inc)

@@ -69,6 +69,7 @@ from ckptwatch.detectors import Detector, DetectorConfig, Incident
 from ckptwatch.detectors.checkpoints import BAD_KINDS
 from ckptwatch.kafka.admin import REPORT_EVERY, ensure_topics
 from ckptwatch.detectors.checkpoints import SaveFact
+from ckptwatch.detectors.runner import UNKNOWN_JOB
 from ckptwatch.kafka.codec import (DecodeError, decode_events_skipping, decode_incident, decode_save_fact,
                                    encode_incident, encode_save_fact, save_fact_key)
 from ckptwatch.kafka.consumer import GroupMember, TopicReader, read_to_end
@@ -301,6 +302,29 @@ class DetectorMember:
         while self.step(final=True):
             pass
 
+    def _adopt_unlabelled(self, *, final: bool) -> None:
+        """Events that name no job (a launcher's log beside rank files labelled from within)
+        are the one job's, as ``diagnose`` and ``run`` take them (:meth:`Detector.adopt_unlabelled`),
+        when that is knowable here: this member reads every partition of the events topic,
+        each caught up, and its detectors hold one named job between them. They are keyed
+        ``unknown`` by the collector, so may sit in another partition than the job's: folded
+        into the job's detector. Otherwise (a group of members) they stay job ``unknown``."""
+        if not any(UNKNOWN_JOB in det.jobs for det in self.detectors.values()):
+            return
+        if any(self.replaying(tp) or self.behind(tp) for tp in self.detectors):
+            return
+        topic = self.config.kafka.events_topic
+        if {tp.partition for tp in self.detectors if tp.topic == topic} != set(self.publisher.partitions(topic)):
+            return
+        named = {j for det in self.detectors.values() for j in det.jobs if j != UNKNOWN_JOB}
+        if len(named) != 1:
+            return
+        home = next(det for det in self.detectors.values() if named & set(det.jobs))
+        others = [det for det in self.detectors.values() if det is not home and UNKNOWN_JOB in det.jobs]
+        if home.adopt_unlabelled(live=not final, others=[det.jobs[UNKNOWN_JOB] for det in others]):
+            for det in others:
+                det.take_unlabelled()
+
     def _step(self, *, now: dt.datetime | None, final: bool) -> int:
         records = self.member.poll(self.poll_timeout)
         now = now or dt.datetime.now(dt.timezone.utc)
@@ -333,6 +357,7 @@ class DetectorMember:
         for _ in range(3):  # a save found in one partition may settle a resume in another
             ready = [det for tp, det in sorted(self.detectors.items(), key=lambda kv: kv[0].partition)
                      if not self.replaying(tp) and not self.behind(tp)]
+            self._adopt_unlabelled(final=final)
             found = [inc for det in ready for inc in det.advance(now=now, final=final)]
             new_facts = [f for det in ready for f in det.take_save_facts()]
             facts.update((save_fact_key(f), f) for f in new_facts)
