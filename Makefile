@@ -21,7 +21,7 @@ demo: setup
 
 test: setup
 	$(BIN)/ruff check ckptwatch tests benchmarks scripts
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=20
 
 clean:
 	rm -rf $(VENV) demo.duckdb .pytest_cache
