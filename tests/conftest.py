@@ -67,3 +67,17 @@ def kafka_bootstrap(tmp_path_factory):
         pytest.fail(f"could not start the Kafka broker: {e}")
     yield addr
     local.stop(state, 10.0)
+
+
+@pytest.fixture
+def own_broker(tmp_path):
+    """``(kafka_local, state_dir, "host:port")`` of a broker of the test's own, for tests that
+    stop, freeze or restart it (the session broker is shared). Stopped at teardown."""
+    local = kafka_support.kafka_local()
+    state = tmp_path / "broker"
+    try:
+        addr = local.start(state, None, 180.0)
+    except SystemExit as e:
+        pytest.fail(f"could not start the Kafka broker: {e}")
+    yield local, state, addr
+    local.stop(state, 5.0)

@@ -5,7 +5,6 @@ sleeping; only the HTTP round trips are real."""
 
 from __future__ import annotations
 
-import copy
 import datetime as dt
 import hashlib
 import hmac
@@ -15,12 +14,12 @@ import socket
 import time
 
 import pytest
+from alert_support import sent, sigkill_incident, version
 from pytest_httpserver import HTTPServer
 from rich.console import Console
 
 from ckptwatch.config import AlertSettings
 from ckptwatch.detectors.incident import EvidenceItem
-from ckptwatch.pipeline import diagnose
 from ckptwatch.sinks.alerts import pagerduty, slack
 from ckptwatch.sinks.alerts.redact import Redactor
 from ckptwatch.sinks.alerts.settings import AlertConfigError
@@ -35,18 +34,7 @@ HOOK_SECRET = "s3cret-for-hmac"
 
 @pytest.fixture(scope="module")
 def incident():
-    from conftest import CORPUS
-
-    (inc,) = diagnose([str(CORPUS / "02-sigkill-mid-save" / "logs" / "attempt-1-train")])[0]
-    return inc
-
-
-def version(inc, **changes):
-    """A later version of ``inc`` (deep copy with fields changed)."""
-    new = copy.deepcopy(inc)
-    for k, v in changes.items():
-        setattr(new, k, v)
-    return new
+    return sigkill_incident()
 
 
 @pytest.fixture
@@ -117,10 +105,6 @@ def rig(env):
         r.close()
 
 
-def bodies(server: HTTPServer, path: str) -> list[dict]:
-    return [json.loads(req.get_data()) for req, _ in server.log if req.path == path]
-
-
 def test_each_channel_gets_its_api_payload_once(httpserver, rig, incident):
     httpserver.expect_request("/slack", method="POST").respond_with_data("ok")
     httpserver.expect_request("/v2/enqueue", method="POST").respond_with_json({"status": "success"}, status=202)
@@ -133,10 +117,10 @@ def test_each_channel_gets_its_api_payload_once(httpserver, rig, incident):
     r.pump()
 
     redactor = Redactor.load()
-    (sl,) = bodies(httpserver, "/slack")
+    (sl,) = sent(httpserver, "/slack")
     assert sl == slack.message(incident, redactor=redactor)
     assert sl["blocks"][0]["text"]["text"] == "CRITICAL interrupted_save: job job-0201-sigkill step 40"
-    (pd,) = bodies(httpserver, "/v2/enqueue")
+    (pd,) = sent(httpserver, "/v2/enqueue")
     assert pd == pagerduty.trigger(incident, routing_key=ROUTING_KEY, redactor=redactor)
     assert (pd["event_action"], pd["dedup_key"], pd["payload"]["severity"]) == ("trigger", incident.id, "critical")
     (req, _), = [(q, s) for q, s in httpserver.log if q.path == "/hook"]
@@ -167,10 +151,10 @@ def test_dedup_survives_a_restart_and_resolve_reaches_each_alerted_channel(https
     again.pump(T0 + dt.timedelta(hours=2))
     assert again.notify(resolved, now=T0 + dt.timedelta(hours=3)) == 0  # resolved once
     again.pump(T0 + dt.timedelta(hours=3))
-    pd = bodies(httpserver, "/v2/enqueue")
+    pd = sent(httpserver, "/v2/enqueue")
     assert [b["event_action"] for b in pd] == ["trigger", "resolve"]
     assert pd[1] == {"routing_key": ROUTING_KEY, "event_action": "resolve", "dedup_key": incident.id}
-    sl = bodies(httpserver, "/slack")
+    sl = sent(httpserver, "/slack")
     assert len(sl) == 2 and sl[1]["text"].startswith("Resolved: interrupted_save job job-0201-sigkill step 40")
 
 
@@ -182,7 +166,7 @@ def test_severity_rise_pages_again_with_the_same_dedup_key(httpserver, rig, inci
     r.notify(version(incident, severity="warning"))  # same severity: nothing
     r.notify(version(incident, severity="critical"), now=T0 + dt.timedelta(minutes=1))
     r.pump(T0 + dt.timedelta(minutes=1))
-    pd = bodies(httpserver, "/v2/enqueue")
+    pd = sent(httpserver, "/v2/enqueue")
     assert [(b["event_action"], b["dedup_key"], b["payload"]["severity"]) for b in pd] == [
         ("trigger", incident.id, "warning"), ("trigger", incident.id, "critical")]
     assert [a for c, a, *_ in r.rows() if c == "pager"] == ["trigger", "escalate"]
@@ -197,13 +181,13 @@ def test_5xx_is_retried_with_backoff_until_it_succeeds(httpserver, rig, incident
     r.pump(T0)
     assert r.rows()[0][1:] == ("trigger", "pending", 1, "HTTP 500: upstream down")
     r.pump(T0 + dt.timedelta(seconds=1.9))  # backoff 2 s: not yet
-    assert len(bodies(httpserver, "/hook")) == 1
+    assert len(sent(httpserver, "/hook")) == 1
     r.pump(T0 + dt.timedelta(seconds=2))
     assert r.rows()[0][2:4] == ("pending", 2)
     r.pump(T0 + dt.timedelta(seconds=5.9))  # second backoff is 4 s after t=2
-    assert len(bodies(httpserver, "/hook")) == 2
+    assert len(sent(httpserver, "/hook")) == 2
     r.pump(T0 + dt.timedelta(seconds=6))
-    hooks = bodies(httpserver, "/hook")
+    hooks = sent(httpserver, "/hook")
     assert len(hooks) == 3 and hooks[0] == hooks[2]  # the same bytes each time: same notification_id
     assert r.rows()[0][2:4] == ("sent", 3)
     assert r.alerter.stats.retried == 2 and r.alerter.stats.sent == 2  # hook + console
@@ -222,9 +206,9 @@ def test_429_waits_for_retry_after_and_pauses_the_channel(httpserver, rig, incid
     assert next_ts == T0 + dt.timedelta(seconds=30)
     r.notify(other, now=T0 + dt.timedelta(seconds=1))  # the channel is paused: not sent either
     r.pump(T0 + dt.timedelta(seconds=29))
-    assert len(bodies(httpserver, "/slack")) == 1
+    assert len(sent(httpserver, "/slack")) == 1
     r.pump(T0 + dt.timedelta(seconds=30))
-    sl = bodies(httpserver, "/slack")
+    sl = sent(httpserver, "/slack")
     assert len(sl) == 3 and {b["blocks"][-1]["elements"][0]["text"] for b in sl[1:]} == {
         f"ckptwatch incident `{incident.id}`", "ckptwatch incident `other-incident-0001`"}
 
@@ -270,7 +254,7 @@ def test_a_4xx_is_recorded_and_counted_not_retried(httpserver, rig, incident):
     r.notify(incident)
     r.pump(T0)
     r.pump(T0 + dt.timedelta(hours=1))
-    assert len(bodies(httpserver, "/v2/enqueue")) == 1
+    assert len(sent(httpserver, "/v2/enqueue")) == 1
     (row,) = [x for x in r.rows() if x[0] == "pager"]
     assert row[:4] == ("pager", "trigger", "rejected", 1) and row[4].startswith("HTTP 400: {")
     assert r.alerter.stats.rejected == 1
@@ -286,7 +270,7 @@ def test_a_send_failing_past_give_up_after_expires(httpserver, rig, incident):
         r.pump(T0 + dt.timedelta(seconds=s))
     assert [x[:4] for x in r.rows() if x[0] == "hook"] == [("hook", "trigger", "expired", 3)]
     r.pump(T0 + dt.timedelta(hours=1))
-    assert len(bodies(httpserver, "/hook")) == 3
+    assert len(sent(httpserver, "/hook")) == 3
 
 
 def test_secrets_in_log_lines_never_leave_in_an_alert(httpserver, rig, incident):
@@ -320,7 +304,7 @@ def test_silences_from_config_and_file_and_their_expiry(httpserver, rig, inciden
                          now=T0)
     assert r.notify(incident, other) == 0
     r.pump(T0)
-    assert bodies(httpserver, "/v2/enqueue") == []
+    assert sent(httpserver, "/v2/enqueue") == []
     assert sorted((c, st) for c, _, st, *_ in r.rows()) == [("console", "silenced"), ("console", "silenced"),
                                                             ("pager", "silenced"), ("pager", "silenced")]
     assert r.notify(incident, other, now=T0 + dt.timedelta(minutes=1)) == 0  # muted once, recorded once
@@ -328,7 +312,7 @@ def test_silences_from_config_and_file_and_their_expiry(httpserver, rig, inciden
     silence_file.expire(s.id, now=T0 + dt.timedelta(minutes=2))  # ended early, while running
     r.pump(T0 + dt.timedelta(minutes=3))
     r.pump(T0 + dt.timedelta(minutes=3))
-    assert [b["dedup_key"] for b in bodies(httpserver, "/v2/enqueue")] == [incident.id]  # debug-7 stays muted
+    assert [b["dedup_key"] for b in sent(httpserver, "/v2/enqueue")] == [incident.id]  # debug-7 stays muted
 
 
 def test_routing_by_severity_and_job_pattern(httpserver, rig, incident):
@@ -341,9 +325,9 @@ def test_routing_by_severity_and_job_pattern(httpserver, rig, incident):
     elsewhere = version(incident, id="other-job-1", job="job-0301-timeout")
     r.notify(incident, warning, elsewhere)
     r.pump()
-    assert sorted(b["blocks"][-1]["elements"][0]["text"] for b in bodies(httpserver, "/slack")) == [
+    assert sorted(b["blocks"][-1]["elements"][0]["text"] for b in sent(httpserver, "/slack")) == [
         f"ckptwatch incident `{incident.id}`", "ckptwatch incident `stalled-1`"]
-    assert sorted(b["dedup_key"] for b in bodies(httpserver, "/v2/enqueue")) == sorted([incident.id, "other-job-1"])
+    assert sorted(b["dedup_key"] for b in sent(httpserver, "/v2/enqueue")) == sorted([incident.id, "other-job-1"])
 
 
 def test_realert_after_the_interval_while_still_open(httpserver, rig, incident):
@@ -352,14 +336,14 @@ def test_realert_after_the_interval_while_still_open(httpserver, rig, incident):
     r.notify(incident)
     r.pump(T0)
     r.pump(T0 + dt.timedelta(minutes=59))
-    assert len(bodies(httpserver, "/slack")) == 1
+    assert len(sent(httpserver, "/slack")) == 1
     r.pump(T0 + dt.timedelta(minutes=61))
-    sl = bodies(httpserver, "/slack")
+    sl = sent(httpserver, "/slack")
     assert len(sl) == 2 and sl[1]["blocks"][0]["text"]["text"].startswith("STILL OPEN CRITICAL interrupted_save")
     with r.store.transaction():
         r.store.upsert_incidents([version(incident, status="resolved")])
     r.pump(T0 + dt.timedelta(hours=5))  # resolved in the database: no more re-alerts
-    assert len(bodies(httpserver, "/slack")) == 2
+    assert len(sent(httpserver, "/slack")) == 2
 
 
 def test_a_missing_secret_is_named_not_shown(monkeypatch, tmp_path):
@@ -430,7 +414,7 @@ def test_a_changed_root_cause_is_sent_as_an_update_once(httpserver, rig, inciden
     r.pump()
     r.notify(version(incident, remediation="more evidence, same cause"))
     r.pump()
-    pd = bodies(httpserver, "/v2/enqueue")
+    pd = sent(httpserver, "/v2/enqueue")
     assert [(b["event_action"], b["payload"]["custom_details"]["root_cause"]["class"],
              b["payload"]["custom_details"]["root_cause"]["rank"]) for b in pd] == [
         ("trigger", "unknown", 0), ("trigger", "signal", 2)]
@@ -459,7 +443,7 @@ def test_a_restart_retries_pending_notifications_at_once(httpserver, rig, incide
     first.close()
     again = rig(channels(httpserver, "hook"))  # the restart does not wait out the hour
     again.pump(dt.datetime.now(dt.timezone.utc))
-    assert len(bodies(httpserver, "/hook")) == 2
+    assert len(sent(httpserver, "/hook")) == 2
     assert [x[:3] for x in again.rows() if x[0] == "hook"] == [("hook", "trigger", "sent")]
 
 

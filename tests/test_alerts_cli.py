@@ -5,13 +5,13 @@ bad channel configs from the command line."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 
 import duckdb
 import pytest
+from alert_support import sent
 
 ROUTING_KEY = "e2eR0UT1NGKEY0123456789abcdef012"
 
@@ -40,10 +40,6 @@ url = "{httpserver.url_for('/v2/enqueue')}"
     (tmp_path / "pd.key").write_text(ROUTING_KEY + "\n")
     env = {**os.environ, "E2E_SLACK_WEBHOOK_URL": httpserver.url_for("/slack")}
     return str(cfg), env
-
-
-def sent(server, path: str) -> list[dict]:
-    return [json.loads(q.get_data()) for q, _ in server.log if q.path == path]
 
 
 ATTEMPT1 = "attempt-1-train/torchrun_logs/job-0201-sigkill_6pgs24bx/attempt_0"

@@ -11,7 +11,7 @@ import dataclasses
 import time
 
 import pytest
-from kafka_support import assert_no_version_twice, fresh_config, kafka_local, topic_messages
+from kafka_support import assert_no_version_twice, fresh_config, topic_messages
 
 from ckptwatch.ingest.layout import compile_template
 from ckptwatch.kafka.codec import decode_incident
@@ -20,18 +20,6 @@ from ckptwatch.services.collect import Collector
 from ckptwatch.services.detect import DetectorMember
 
 pytestmark = pytest.mark.kafka
-
-
-@pytest.fixture
-def own_broker(tmp_path):
-    local = kafka_local()
-    state = tmp_path / "broker"
-    try:
-        addr = local.start(state, None, 180.0)
-    except SystemExit as e:
-        pytest.fail(f"could not start the Kafka broker: {e}")
-    yield local, state, addr
-    local.stop(state, 2.0)  # its data is thrown away: no need for a clean shutdown
 
 
 def failing_save(job: str) -> dict[str, str]:

@@ -237,7 +237,9 @@ def events(n: int) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=EVENT_SCHEMA)
 
 
-def in_thread(fn) -> tuple[threading.Thread, list[BaseException]]:
+def waits_for_space_then_completes(disk, said: list[str], fn) -> None:
+    """Run ``fn`` in a thread on a full disk: it must say it waits for space (within 30 s)
+    rather than fail, and complete without error once ``disk`` is freed."""
     errors: list[BaseException] = []
 
     def run() -> None:
@@ -248,7 +250,14 @@ def in_thread(fn) -> tuple[threading.Thread, list[BaseException]]:
 
     t = threading.Thread(target=run, daemon=True)
     t.start()
-    return t, errors
+    deadline = time.monotonic() + 30
+    while not said and t.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not errors, errors
+    assert said and "no space left on device (ENOSPC): waiting for space" in said[0], said
+    disk.free()
+    t.join(30)
+    assert not t.is_alive() and not errors, errors
 
 
 def test_the_sink_transaction_waits_and_commits_events_incident_offsets_and_alerts_once(disk, incident):
@@ -266,15 +275,7 @@ def test_the_sink_transaction_waits_and_commits_events_incident_offsets_and_aler
                 store.commit_kafka_batch(events(500), [incident], {("ckptwatch.events", 0): 500})
                 alerter.notify([incident])
 
-        t, errors = in_thread(write)
-        deadline = time.monotonic() + 30
-        while not said and t.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not errors, errors
-        assert said and "no space left on device (ENOSPC): waiting for space" in said[0]
-        disk.free()
-        t.join(30)
-        assert not t.is_alive() and not errors, errors
+        waits_for_space_then_completes(disk, said, write)
         con = store.con
         assert con.execute("SELECT count(*), count(DISTINCT \"offset\") FROM events").fetchone() == (500, 500)
         assert con.execute("SELECT id, status FROM incidents").fetchall() == [(incident.id, "open")]
@@ -306,15 +307,7 @@ def test_a_checkpoint_without_space_invalidates_duckdb_and_the_store_reopens_it(
                 store.upsert_incidents([incident])
                 alerter.notify([incident])
 
-        t, errors = in_thread(write)
-        deadline = time.monotonic() + 30
-        while not said and t.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not errors, errors
-        assert said and "waiting for space" in said[0]
-        disk.free()
-        t.join(30)
-        assert not t.is_alive() and not errors, errors
+        waits_for_space_then_completes(disk, said, write)
         assert store.raw is not before  # reopened
         assert store.con.execute("SELECT count(*) FROM alerts").fetchone() == (1,)
         assert store.con.execute("SELECT count(*) FROM incidents").fetchone() == (1,)

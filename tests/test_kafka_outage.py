@@ -10,21 +10,9 @@ import threading
 import time
 
 import pytest
-from kafka_support import ckptwatch, cli_env, expected_lines, fresh_config, kafka_local, save_lines, stored_lines
+from kafka_support import ckptwatch, cli_env, expected_lines, fresh_config, save_lines, stored_lines
 
 pytestmark = pytest.mark.kafka
-
-
-@pytest.fixture
-def own_broker(tmp_path):
-    local = kafka_local()
-    state = tmp_path / "broker"
-    try:
-        addr = local.start(state, None, 180.0)
-    except SystemExit as e:
-        pytest.fail(f"could not start the Kafka broker: {e}")
-    yield local, state, addr
-    local.stop(state, 10.0)
 
 
 def test_broker_restart_while_collecting(own_broker, tmp_path):

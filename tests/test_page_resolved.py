@@ -6,18 +6,16 @@ the notification log is a real DuckDB file."""
 
 from __future__ import annotations
 
-import copy
 import datetime as dt
 import io
-import json
 import time
 
 import pytest
+from alert_support import sent, sigkill_incident, version
 from rich.console import Console
 
 from ckptwatch.config import AlertSettings
 from ckptwatch.embedded import EmbeddedRunner
-from ckptwatch.pipeline import diagnose
 from ckptwatch.sinks.alerts.setup import alerter_from_config
 from ckptwatch.sinks.duckdb_store import Store
 
@@ -47,10 +45,6 @@ def env(monkeypatch, receivers):
     monkeypatch.setenv("PAGE_TEST_SLACK_URL", receivers.url_for("/slack"))
     monkeypatch.setenv("PAGE_TEST_PD_KEY", ROUTING_KEY)
     return receivers
-
-
-def sent(server, path: str) -> list[dict]:
-    return [json.loads(q.get_data()) for q, _ in server.log if q.path == path]
 
 
 def run_once(logs, db: str, server, out: io.StringIO) -> None:
@@ -107,17 +101,7 @@ def test_an_interrupted_save_first_seen_resolved_is_told_once_on_every_channel(c
 
 @pytest.fixture(scope="module")
 def incident():
-    from conftest import CORPUS
-
-    (inc,) = diagnose([str(CORPUS / "02-sigkill-mid-save" / "logs" / "attempt-1-train")])[0]
-    return inc
-
-
-def version(inc, **changes):
-    new = copy.deepcopy(inc)
-    for k, v in changes.items():
-        setattr(new, k, v)
-    return new
+    return sigkill_incident()
 
 
 def notify_and_deliver(tmp_path, server, *incs, **extra) -> list[tuple]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TypeVar
 
 from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
 from kafka.consumer.fetcher import ConsumerRecord
@@ -18,10 +19,32 @@ from kafka.structs import OffsetAndMetadata
 from ckptwatch.config import KafkaSettings
 from ckptwatch.kafka import configuration
 
+T = TypeVar("T")
 PartitionsCallback = Callable[[set[TopicPartition]], None]
 
 #: seconds between two "waiting for Kafka" lines while a consumer cannot bootstrap
 REPORT_EVERY = 5.0
+
+
+def _retrying(settings: KafkaSettings, attempt: Callable[[], T], *, why: Callable[[KafkaError], str],
+              cleanup: Callable[[], None] | None = None, on_wait: Callable[[str], None] | None = None) -> T:
+    """``attempt()`` until it returns, retrying each retriable KafkaError a second later
+    (after ``cleanup()``, when given); ``on_wait`` is told "waiting for Kafka at … (why(e))"
+    every :data:`REPORT_EVERY` seconds. Raises a KafkaError that is not retriable (a refusal)."""
+    said = float("-inf")
+    while True:
+        try:
+            return attempt()
+        except KafkaError as e:
+            if cleanup is not None:
+                cleanup()
+            if not getattr(e, "retriable", False):
+                raise
+            now = time.monotonic()
+            if on_wait is not None and now - said >= REPORT_EVERY:
+                said = now
+                on_wait(f"waiting for Kafka at {settings.bootstrap_servers} ({why(e)})")
+            time.sleep(1.0)
 
 
 def connect(settings: KafkaSettings, client_id: str, group: str | None, *,
@@ -29,18 +52,8 @@ def connect(settings: KafkaSettings, client_id: str, group: str | None, *,
     """A KafkaConsumer for ``group`` (None: outside any group), waiting while no broker
     answers its bootstrap (a broker restarting after the service started): ``on_wait`` is
     told every :data:`REPORT_EVERY` seconds. Raises KafkaError for a refusal."""
-    said = float("-inf")
-    while True:
-        try:
-            return KafkaConsumer(**configuration.consumer(settings, client_id, group))
-        except KafkaError as e:
-            if not getattr(e, "retriable", False):
-                raise
-            now = time.monotonic()
-            if on_wait is not None and now - said >= REPORT_EVERY:
-                said = now
-                on_wait(f"waiting for Kafka at {settings.bootstrap_servers} (no broker answers)")
-            time.sleep(1.0)
+    return _retrying(settings, lambda: KafkaConsumer(**configuration.consumer(settings, client_id, group)),
+                     why=lambda e: "no broker answers", on_wait=on_wait)
 
 
 class _Listener(ConsumerRebalanceListener):
@@ -187,21 +200,13 @@ class TopicReader:
 
     def __init__(self, settings: KafkaSettings, topic: str, *, client_id: str,
                  on_wait: Callable[[str], None] | None = None) -> None:
-        said = float("-inf")
-        while True:
+        def partitions() -> set[int]:
             self._consumer = connect(settings, client_id, None, on_wait=on_wait)
-            try:
-                parts = self._consumer.partitions_for_topic(topic) or set()
-                break
-            except KafkaError as e:  # the broker went away after the bootstrap
-                self._consumer.close(autocommit=False)
-                if not getattr(e, "retriable", False):
-                    raise
-                now = time.monotonic()
-                if on_wait is not None and now - said >= REPORT_EVERY:
-                    said = now
-                    on_wait(f"waiting for Kafka at {settings.bootstrap_servers} ({e})")
-                time.sleep(1.0)
+            return self._consumer.partitions_for_topic(topic) or set()
+
+        # the broker may go away between the bootstrap and the metadata request
+        parts = _retrying(settings, partitions, why=str,
+                          cleanup=lambda: self._consumer.close(autocommit=False), on_wait=on_wait)
         tps = [TopicPartition(topic, p) for p in sorted(parts)]
         self._consumer.assign(tps)
         if tps:
