@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Parse throughput and memory against the scan limit, on fleet-like logs (issue 15).
 
-    .venv/bin/python benchmarks/scan.py [--mb 200] [--nodes 40] [--rounds 3] [--keep DIR]
+    .venv/bin/python benchmarks/scan.py [--mb 200] [--nodes 40] [--rounds 3] [--keep DIR] [--before CHECKOUT]
 
 Writes ``--mb`` MB of logs shaped like a fleet's (``--nodes`` nodes x 8 rank files, one
 job per 4 nodes; torchrun ``[rankN]:`` prefixes, HF / Megatron / DeepSpeed progress and
@@ -138,6 +138,9 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--keep", help="write the logs here and keep them")
+    ap.add_argument("--before", metavar="CHECKOUT",
+                    help="also time diagnose of another checkout (e.g. `git worktree add /tmp/before HEAD~3`), "
+                         "interleaved, on the same bytes: the before/after of a change to the hot path")
     a = ap.parse_args()
     work = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="ckptwatch-scan-"))
     logs = work / "logs"
@@ -155,7 +158,13 @@ def main() -> None:
     cli = [sys.executable, "-m", "ckptwatch"]
     template = ["--path-template", "{job}/{host}/rank{rank}.log"]
     results: dict[str, list[tuple[float, int]]] = {k: [] for k in ("diagnose", "run --once", "re loop", "grep -F")}
+    if a.before:
+        results["diagnose (before)"] = []
     for i in range(a.rounds):
+        if a.before:
+            env = {**os.environ, "PYTHONPATH": str(Path(a.before).resolve())}
+            results["diagnose (before)"].append(
+                timed(cli + ["diagnose", "--json", *template, str(logs)], env=env, cwd=a.before)[:2])
         wall, rss, out = timed(cli + ["diagnose", "--json", *template, str(logs)])
         results["diagnose"].append((wall, rss))
         found = sorted(f"{i['kind']} {i['job']} step {i['step']}" for i in json.loads(out)["incidents"])
@@ -175,6 +184,9 @@ def main() -> None:
     for k, (w, m) in med.items():
         print(f"| {k} | {w:.2f} | {lines / w:,.0f} | {m if m else '(in process)'} |")
     d = med["diagnose"][0]
+    if a.before:
+        print(f"\ndiagnose, this checkout vs {a.before}: {med['diagnose (before)'][0] / d:.2f}x faster, peak RSS "
+              f"{med['diagnose'][1]} MB vs {med['diagnose (before)'][1]} MB")
     print(f"\ndiagnose vs re loop: {med['re loop'][0] / d:.2f}x (target >= 20x); "
           f"vs grep -F: {med['grep -F'][0] / d:.3f} (target >= 0.333); "
           f"lines/s per core: {lines / d / min(os.cpu_count() or 1, 2):,.0f} (target >= 2,000,000)")

@@ -68,7 +68,7 @@ class EmbeddedRunner:
         self.checkpoints = checkpoints  # its verification log is tailed with the logs
         extra = [str(checkpoints.log)] if checkpoints else []
         self.watcher = SourceWatcher([logs_dir, *extra], template=self.options.template, boot_time=self.options.boot_time,
-                                     line_prefix=self.options.line_prefix,
+                                     line_prefix=self.options.line_prefix, poll_bytes=self.options.poll_bytes,
                                      committed=self._stored, exclude=lambda p: os.path.abspath(p) == db)
         self.stats = self.watcher.stats
         self.retention = retention

@@ -18,7 +18,7 @@ import polars as pl
 from ckptwatch.detectors import Detector, DetectorConfig, Incident
 from ckptwatch.detectors.events import HOST_KINDS
 from ckptwatch.ingest.stats import Stats
-from ckptwatch.ingest.watcher import SourceWatcher
+from ckptwatch.ingest.watcher import DEFAULT_POLL_BYTES, SourceWatcher
 from ckptwatch.rules import RuleSet
 from ckptwatch.schema import empty_events
 
@@ -33,7 +33,8 @@ class PipelineOptions:
     ``boot_time``: UTC boot time for kernel ``[seconds]`` stamps; ``rule_files``: extra
     rule packs (files or directories) loaded after the packaged ones; ``line_prefix``: the
     torchrun ``--log-line-prefix-template`` the consoles were written with
-    (:func:`ckptwatch.ingest.prefix.compile_line_prefix`).
+    (:func:`ckptwatch.ingest.prefix.compile_line_prefix`); ``poll_bytes``: bytes one batch
+    reads at most over all files (see :class:`~ckptwatch.ingest.watcher.SourceWatcher`).
     """
 
     template: re.Pattern[str] | None = None
@@ -41,6 +42,7 @@ class PipelineOptions:
     rule_files: tuple[str, ...] = ()
     line_prefix: str | None = None
     detector: DetectorConfig = field(default_factory=DetectorConfig)
+    poll_bytes: int = DEFAULT_POLL_BYTES
 
 
 #: event kinds that belong to one rank of a job: without a rank, blame and shard checks are blind
@@ -103,7 +105,7 @@ def diagnose(paths: Iterable[str], options: PipelineOptions | None = None,
     options = options or PipelineOptions()
     rules = RuleSet.load(options.rule_files)
     watcher = SourceWatcher(list(paths), template=options.template, boot_time=options.boot_time,
-                            line_prefix=options.line_prefix, archives=True)
+                            line_prefix=options.line_prefix, archives=True, poll_bytes=options.poll_bytes)
     stats = watcher.stats
     detector = Detector(options.detector)
     try:

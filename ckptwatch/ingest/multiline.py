@@ -68,25 +68,37 @@ _STARTS_RECORD = (r"^(?:\[|\(|\{|\d{4}-\d{2}-\d{2}|\d{1,2}/\d{1,2}/\d{4}|[IWEF]\
                   r"|[A-Z][a-z]{2} +\d|[A-Za-z0-9][\w.-]*(?::\d+)?: )")
 
 
-def unwrap(lines: pl.DataFrame, *, min_width: int = 60, max_width: int = 512, min_wrapped: int = 3) -> pl.DataFrame:
+def unwrap(lines: pl.DataFrame, *, by: str | None = None, min_width: int = 60, max_width: int = 512,
+           min_wrapped: int = 3) -> pl.DataFrame:
     """Join lines hard-wrapped by a terminal: when at least ``min_wrapped`` lines of the
     batch have exactly the batch's longest length W (``min_width`` to ``max_width``
     characters: a terminal's width), a line of length W is continued by the next line,
     glued without a separator (the wrap falls mid-word), unless that next line starts a
     record of its own (a time, a label, a bracket, a traceback). ``lines``:
     ``offset``, ``line`` in file order (raw, prefixes not removed); the joined line keeps
-    the offset of its first piece."""
+    the offset of its first piece. ``by``: a column telling files apart (rows of one file
+    contiguous): each file's lines are a batch of their own."""
     if lines.height < 2:
         return lines
-    width = lines["line"].str.len_chars()
-    top = width.max()
-    if top is None or not min_width <= top <= max_width or int((width == top).sum()) < min_wrapped:
+
+    def per_file(e: pl.Expr) -> pl.Expr:
+        return e.over(by) if by else e
+
+    width = pl.col("line").str.len_chars()
+    marks = lines.select(*([pl.col(by)] if by else []), width.alias("_width"), per_file(width.max()).alias("_top"))
+    at_top = pl.col("_width") == pl.col("_top")
+    marks = marks.with_columns(
+        (pl.col("_top").is_between(min_width, max_width) & (per_file(at_top.sum()) >= min_wrapped)).alias("_terminal"),
+        per_file(at_top.shift(1)).fill_null(False).alias("_after_top"))
+    if not marks["_terminal"].any():
         return lines
-    wrapped = (width == top).shift(1).fill_null(False) & ~lines["line"].str.contains(_STARTS_RECORD)
+    wrapped = (marks["_terminal"] & marks["_after_top"] & ~lines["line"].str.contains(_STARTS_RECORD)).alias("_wr")
+    if not wrapped.any():
+        return lines
     return (
         lines.with_columns((~wrapped).cum_sum().alias("_w"))
         .group_by("_w", maintain_order=True)
-        .agg(pl.col("offset").first(), pl.col("line").str.join(""))
+        .agg([pl.col(c).first() for c in lines.columns if c != "line"] + [pl.col("line").str.join("")])
         .drop("_w")
         .select(lines.columns)
     )
@@ -95,7 +107,8 @@ def unwrap(lines: pl.DataFrame, *, min_width: int = 60, max_width: int = 512, mi
 _FRAME = r"^[ \t]+File \""
 
 
-def group_lines(lines: pl.DataFrame, *, final: bool) -> tuple[pl.DataFrame, pl.DataFrame]:
+def group_lines(lines: pl.DataFrame, *, final: bool, flush_col: str | None = None,
+                order: tuple[str, ...] = ("offset",)) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Group lines into records.
 
     Args:
@@ -104,6 +117,10 @@ def group_lines(lines: pl.DataFrame, *, final: bool) -> tuple[pl.DataFrame, pl.D
             (their first value in a record is kept).
         final: no more lines will come; otherwise the last record of each stream is
             held back because its next line may continue it.
+        flush_col: a Boolean column: its rows' streams hold nothing back (their file
+            ended or went idle), whatever ``final`` says.
+        order: the columns the records are sorted by (``("_t", "offset")`` for the
+            lines of many files).
 
     Returns:
         ``(records, held_back_lines)``: records with ``line`` joined by ``"\\n"`` and
@@ -123,7 +140,9 @@ def group_lines(lines: pl.DataFrame, *, final: bool) -> tuple[pl.DataFrame, pl.D
         & prev.str.contains(r"^[ \t]").fill_null(False)
         & (nxt.str.contains(_FRAME) | (nxt.str.contains(r"^[ \t]") & prev.str.contains(_FRAME))).fill_null(False)
     )
-    lines = lines.with_columns(intruder.alias("_intruder"))
+    # an intruder follows an indented line: a batch without one (most) has none to look for
+    indented = lines.select(line.str.contains(r"^[ \t]").any()).item()
+    lines = lines.with_columns((intruder if indented else pl.lit(False)).alias("_intruder"))
     kept = lines.filter(~pl.col("_intruder"))
     kept = kept.with_columns(
         (~continues_previous(line, line.shift(1).over("stream_key"))).cast(pl.Int32).cum_sum().over("stream_key")
@@ -131,11 +150,13 @@ def group_lines(lines: pl.DataFrame, *, final: bool) -> tuple[pl.DataFrame, pl.D
     )
     intruders = lines.filter(pl.col("_intruder")).with_columns(
         (-pl.int_range(1, pl.len() + 1, dtype=pl.Int32)).alias("_gid"))
-    marked = pl.concat([kept, intruders]).sort("offset").drop("_intruder")
+    marked = pl.concat([kept, intruders]).sort(list(order)).drop("_intruder")
     if final:
         held = marked.clear()
     else:
         is_last = pl.col("_gid") == pl.col("_gid").max().over("stream_key")
+        if flush_col is not None:
+            is_last = is_last & ~pl.col(flush_col)
         held = marked.filter(is_last)
         marked = marked.filter(~is_last)
     other = [c for c in lines.columns if c not in ("stream_key", "line", "_gid", "_intruder")]
@@ -143,7 +164,7 @@ def group_lines(lines: pl.DataFrame, *, final: bool) -> tuple[pl.DataFrame, pl.D
         marked.group_by(["stream_key", "_gid"], maintain_order=True)
         .agg([pl.col(c).first() for c in other] + [pl.col("line").str.join("\n")])
         .drop("_gid")
-        .sort("offset")
+        .sort(list(order))
         .select([c for c in lines.columns if c != "_intruder"])
     )
     return records, held.drop("_gid")

@@ -170,6 +170,27 @@ def _json_time(value: pl.Expr) -> pl.Expr:
     return pl.when(num.is_not_null()).then(epoch).otherwise(value)
 
 
+def _json_columns(df: pl.DataFrame, text_col: str, is_json: pl.Expr) -> pl.DataFrame:
+    """The ``_j_*`` columns of JSON lines (null elsewhere), and ``text_col`` replaced by a
+    JSON line's message."""
+    line = pl.col(text_col)
+    js = _json_fields(line)
+    # the message is read like any line (a torchrun prefix inside a container's log); its
+    # time and level go in front of what is left of it at the end
+    json_head = pl.concat_str([_json_time(js["time"]).fill_null(""), js["level"].fill_null("")],
+                              separator=" ").str.strip_chars()
+    return df.with_columns(
+        pl.when(is_json & js["message"].is_not_null()).then(json_head).alias("_j_head"),
+        pl.when(is_json).then(js["rank"]).cast(pl.Int32, strict=False).alias("_j_rank"),
+        pl.when(is_json).then(js["local_rank"]).cast(pl.Int32, strict=False).alias("_j_local"),
+        pl.when(is_json).then(js["host"]).alias("_j_host"),
+        pl.when(is_json).then(js["pid"]).cast(pl.Int64, strict=False).alias("_j_pid"),
+        pl.when(is_json).then(js["job"]).alias("_j_job"),
+        pl.when(is_json & js["message"].is_not_null()).then(js["message"].str.strip_chars_end("\n"))
+        .otherwise(line).alias(text_col),
+    )
+
+
 def split_prefixes(df: pl.DataFrame, text_col: str = "line", *, layout: PrefixLayout = PrefixLayout(),
                    rank_prefix_is_local: bool = False) -> pl.DataFrame:
     """Add ``prefix_local_rank``, ``prefix_rank`` (Int32), ``prefix_host`` (Utf8),
@@ -180,21 +201,13 @@ def split_prefixes(df: pl.DataFrame, text_col: str = "line", *, layout: PrefixLa
     the module docstring for the order and semantics)."""
     line = pl.col(text_col)
     is_json = line.str.starts_with("{") & line.str.ends_with("}")
-    js = _json_fields(line)
-    # the message is read like any line (a torchrun prefix inside a container's log); its
-    # time and level go in front of what is left of it at the end
-    json_head = pl.concat_str([_json_time(js["time"]).fill_null(""), js["level"].fill_null("")],
-                              separator=" ").str.strip_chars()
-    df = df.with_columns(
-        pl.when(is_json & js["message"].is_not_null()).then(json_head).alias("_j_head"),
-        pl.when(is_json).then(js["rank"]).cast(pl.Int32, strict=False).alias("_j_rank"),
-        pl.when(is_json).then(js["local_rank"]).cast(pl.Int32, strict=False).alias("_j_local"),
-        pl.when(is_json).then(js["host"]).alias("_j_host"),
-        pl.when(is_json).then(js["pid"]).cast(pl.Int64, strict=False).alias("_j_pid"),
-        pl.when(is_json).then(js["job"]).alias("_j_job"),
-        pl.when(is_json & js["message"].is_not_null()).then(js["message"].str.strip_chars_end("\n"))
-        .otherwise(line).alias(text_col),
-    )
+    if not df.select(is_json.any()).item():  # no JSON line in the batch (most files): no JSON paths to read
+        df = df.with_columns(
+            pl.lit(None, dtype=pl.Utf8).alias("_j_head"), pl.lit(None, dtype=pl.Int32).alias("_j_rank"),
+            pl.lit(None, dtype=pl.Int32).alias("_j_local"), pl.lit(None, dtype=pl.Utf8).alias("_j_host"),
+            pl.lit(None, dtype=pl.Int64).alias("_j_pid"), pl.lit(None, dtype=pl.Utf8).alias("_j_job"))
+    else:
+        df = _json_columns(df, text_col, is_json)
     host_parts: list[pl.Expr] = [pl.col("_j_host")]
     rank_parts: list[pl.Expr] = [pl.col("_j_rank")]
     local_parts: list[pl.Expr] = []

@@ -28,7 +28,6 @@ deleted while it is followed is still read to its end (like ``tail -F``):
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import gzip
 import hashlib
@@ -40,19 +39,14 @@ from typing import BinaryIO
 
 import polars as pl
 
-from ckptwatch.ingest import identity, layout, multiline, prefix, reader, rotation, timestamps
+from ckptwatch.ingest import batch, identity, layout, prefix, reader, rotation
 from ckptwatch.ingest.checkpoint import SourceCheckpoint
-from ckptwatch.schema import RECORD_SCHEMA, TS
+from ckptwatch.schema import RECORD_SCHEMA
 
-_JOB_MENTION = r"(?:run_id\s*:\s*|job_id=|job id )(?P<job>[A-Za-z0-9][\w.:-]*)"
 # torchrun's rendezvous result (torch/distributed/elastic/agent/server/api.py, _rendezvous):
 # which global rank each local rank of this node is
 _LOCAL_RANKS = r"\blocal_ranks=\[(?P<v>[\d, ]*)\]"
 _GLOBAL_RANKS = r"\bglobal_ranks=\[(?P<v>[\d, ]*)\]"
-# a torchrun agent's glog line: its pid, and a worker's local rank it reports on
-# (torch/distributed/elastic/multiprocessing/api.py: "failed (exitcode: -9) local_rank: 2 (pid: …)")
-_AGENT_PID = r"^\[?[IWEF]\d{3,4} \d{2}:\d{2}:\d{2}(?:\.\d+)? +(?P<pid>\d+) torch/distributed/"
-_AGENT_LOCAL = r"\blocal_rank: (?P<lr>\d+)"
 
 
 @dataclass
@@ -280,23 +274,40 @@ class FileTail:
                 holds more (then nothing is flushed even with ``final``: poll again).
             ingest_ts: wall-clock time of this read (UTC); defaults to now.
 
+        Many files are polled together by :meth:`read` on each, then one
+        :func:`ckptwatch.ingest.batch.emit` of all the reads (what the watcher does).
+
+        Raises:
+            InputError: the file is binary or cannot be read (message names the file).
+        """
+        now = ingest_ts or dt.datetime.now(dt.timezone.utc)
+        return batch.emit([self.read(final=final, ingest_ts=now)], now=now)
+
+    def read(self, *, final: bool = False, ingest_ts: dt.datetime | None = None) -> batch.Read:
+        """The first half of :meth:`poll`: read the new complete lines (and handle a
+        truncation), without making records of them yet; pass the result to
+        :func:`ckptwatch.ingest.batch.emit`, before this file is read again.
+
         Raises:
             InputError: the file is binary or cannot be read (message names the file).
         """
         now = ingest_ts or dt.datetime.now(dt.timezone.utc)
         self.open()
         assert self._file is not None
-        out: list[pl.DataFrame] = []
+        emitted: list[pl.DataFrame] = []
         try:
             st = os.fstat(self._file.fileno())
             mtime = dt.datetime.fromtimestamp(st.st_mtime, dt.timezone.utc)
             size = self._size(st)
             seen, self._seen = self._seen, (st.st_size, st.st_mtime_ns)
             seen_path, self._seen_path = self._seen_path, self.path
+            if self._nothing_to_do(st, seen, seen_path, size, final=final, now=now):
+                self.more = False
+                return batch.Read(self, [], flush=False, mtime=mtime)
             if self.source_id is not None and self._seen != seen and self._rewritten(size, final=final):
-                out.append(self._supersede(now, mtime, seen[1] if seen else None, seen_path or self.path))
+                emitted.append(self._supersede(now, mtime, seen[1] if seen else None, seen_path or self.path))
             if self.identify(final=final) is None:
-                return _concat(out)
+                return batch.Read(self, [], flush=False, mtime=mtime, emitted=emitted)
             if final or size > self.offset:
                 res = reader.read_lines(self._file, self.offset, final=final, max_line_bytes=self.max_line_bytes,
                                         chunk_bytes=self.chunk_bytes)
@@ -315,10 +326,22 @@ class FileTail:
         if res.lines or self._last_growth is None:
             self._last_growth = now
         idle = (now - self._last_growth).total_seconds() >= self.flush_after
-        new = self._new_lines(res.lines)
-        lines = pl.concat([self.held, new], how="diagonal_relaxed") if not self.held.is_empty() else new
-        out.append(self._emit(lines, flush=(final and not self.more) or idle, now=now, mtime=mtime))
-        return _concat(out)
+        return batch.Read(self, res.lines, flush=(final and not self.more) or idle, mtime=mtime, emitted=emitted)
+
+    def _nothing_to_do(self, st: os.stat_result, seen: tuple[int, int] | None, seen_path: str | None, size: int,
+                       *, final: bool, now: dt.datetime) -> bool:
+        """True if a poll would read and emit nothing: the file is unchanged since the last
+        poll (same path, size and mtime), read to its end, and no held-back record is due
+        (none held, or the file has not been idle ``flush_after`` seconds and this is not a
+        final poll). Idle files then cost one ``fstat`` per poll, not a pass of the pipeline."""
+        if self.source_id is None or seen != (st.st_size, st.st_mtime_ns) or seen_path != self.path:
+            return False
+        if size > self.offset:
+            return False
+        if self.held.is_empty():
+            return True
+        due = self._last_growth is not None and (now - self._last_growth).total_seconds() >= self.flush_after
+        return not (final or due)
 
     def _size(self, st: os.stat_result) -> int:
         """The file's length in the offsets lines are read at: its size, or for a ``.gz`` the
@@ -348,7 +371,9 @@ class FileTail:
         the file had when it was copied, not after a name it was renamed to since) and
         start over at offset 0 (a new id is taken by :meth:`identify`)."""
         assert self.source_id is not None and self.head is not None
-        flushed = self._emit(self.held, flush=True, now=now, mtime=mtime)
+        held = self.held.with_columns(pl.lit(0, dtype=pl.Int32).alias("_t"))
+        flushed = (batch.records_of([self], held, [True], [mtime], now=now) if held.height
+                   else pl.DataFrame(schema=RECORD_SCHEMA))
         ckpt = SourceCheckpoint(self.source_id, seen_path, self.offset, self.job, identity.head_hash(self.head))
         self.superseded.append(rotation.Superseded(ckpt, self._digest.hexdigest() if self._digest else None,
                                                    seen_mtime_ns))
@@ -358,39 +383,24 @@ class FileTail:
         self.layout, self.rank_map, self._ambiguous_nodes = None, {}, set()
         return flushed
 
-    def _new_lines(self, lines: list[tuple[int, str]]) -> pl.DataFrame:
-        """``(offset, text)`` pairs -> one row per line with prefixes split and ``stream_key``."""
-        assert self.source_id is not None
-        if self.layout is None and lines:
-            self.layout = dataclasses.replace(prefix.sniff([t for _, t in lines[:500]]), template=self.line_prefix)
-        new = multiline.unwrap(pl.DataFrame(
-            {"offset": [o for o, _ in lines], "line": [t for _, t in lines]},
-            schema={"offset": pl.Int64, "line": pl.Utf8},
-        ))
-        multi_node = self._multi_node(new)
-        new = prefix.split_prefixes(new, layout=self.layout or prefix.PrefixLayout(), rank_prefix_is_local=multi_node)
-        self._learn_rank_map(new)
-        return new.with_columns(
-            pl.concat_str([pl.lit(self.source_id + ":"), pl.col("prefix_stream")]).alias("stream_key")
-        )
-
     def _node_key(self) -> pl.Expr:
         """Which node a line is from, for the rank map: its host or srun-task label, else the
         file's host label, else one node per file."""
         return pl.coalesce(pl.col("prefix_node"), pl.lit(self.labels.host or "")).alias("node")
 
-    def _multi_node(self, raw: pl.DataFrame) -> bool:
+    def multi_node(self, raw: pl.DataFrame | None) -> bool:
         """True if this file's torchrun agent runs a node whose local ranks are not the
-        global ones (learned before, or in this batch's raw lines): a lone ``[rankN]:``
-        prefix is then ``--tee`` with ``--role rank``, a local rank."""
+        global ones (learned before, or in ``raw``: this poll's raw lines, None when they
+        hold no ``global_ranks=``): a lone ``[rankN]:`` prefix is then ``--tee`` with
+        ``--role rank``, a local rank."""
         if any(int(k.rsplit("|", 1)[1]) != v for k, v in self.rank_map.items()):
             return True
-        if not raw["line"].str.contains("global_ranks=", literal=True).any():
+        if raw is None or not raw["line"].str.contains("global_ranks=", literal=True).any():
             return False
         found = raw["line"].str.extract(_GLOBAL_RANKS, 1).drop_nulls()
         return any(_ints(g) != list(range(len(_ints(g)))) for g in found)
 
-    def _learn_rank_map(self, lines: pl.DataFrame) -> None:
+    def learn_rank_map(self, lines: pl.DataFrame) -> None:
         """Learn each node's local -> global ranks from torchrun's rendezvous result lines
         (``local_ranks=[…]`` then ``global_ranks=[…]``), keyed by the node label of the lines
         (``<node>|<local>``) and by the agent's pid (``pid:<pid>|<local>``). A node label two
@@ -400,7 +410,7 @@ class FileTail:
             return
         found = lines.select(
             self._node_key(),
-            pl.col("line").str.extract(_AGENT_PID, 1).alias("pid"),
+            pl.col("line").str.extract(batch.AGENT_PID, 1).alias("pid"),
             pl.col("line").str.extract(_LOCAL_RANKS, 1).alias("loc"),
             pl.col("line").str.extract(_GLOBAL_RANKS, 1).alias("glo"),
         ).filter(pl.col("loc").is_not_null() | pl.col("glo").is_not_null())
@@ -421,82 +431,7 @@ class FileTail:
                     continue
                 self.rank_map.update({f"{node}|{lr}": g for lr, g in pairs})
 
-    def _emit(self, lines: pl.DataFrame, *, flush: bool, now: dt.datetime, mtime: dt.datetime) -> pl.DataFrame:
-        """Group ``lines`` into records (holding back the last of each stream unless
-        ``flush``), date and label them; sets ``held``."""
-        records, self.held = multiline.group_lines(lines, final=flush)
-        if records.is_empty():
-            return pl.DataFrame(schema=RECORD_SCHEMA)
-        records = records.with_columns(pl.lit(mtime).cast(TS).alias("mtime"))
-        records = timestamps.add_event_time(records, carry=self.carry, boot_time=self.boot_time, now=now,
-                                            file_carry=self.file_carry)
-        self.stats.ts_rejected += int(records["ts_rejected"].sum())
-        # carry only times read from lines: a stream that never prints one moves on with the mtime
-        dated = records.filter(pl.col("ts_source") != "mtime")
-        last = dated.group_by("stream_key").agg(pl.col("ts").last())
-        self.carry.update(dict(zip(last["stream_key"].to_list(), last["ts"].to_list(), strict=True)))
-        if dated.height:
-            self.file_carry = dated["ts"][-1]
-        if self.boot_time is None:
-            self.stats.uptime_no_boot += int(records["line"].str.contains(timestamps.KERNEL_RE).sum())
-        lab = self.labels
-        job = self._jobs(records)
-        local = (pl.lit(lab.local_rank, dtype=pl.Int32) if lab.local_rank is not None
-                 else pl.col("prefix_local_rank"))
-        rank = [pl.col("prefix_rank"), prefix.inline_rank(pl.col("line"))]
-        if self.rank_map:  # a worker's local rank, or the one an agent's line reports on, mapped
-            agent_pid = pl.col("line").str.extract(_AGENT_PID, 1)
-            agent_local = pl.when(agent_pid.is_not_null()).then(pl.col("line").str.extract(_AGENT_LOCAL, 1))
-            keys = [pl.format("pid:{}|{}", agent_pid, agent_local),  # the agent's own pid first
-                    pl.concat_str([self._node_key(), pl.coalesce(local.cast(pl.Utf8), agent_local)], separator="|")]
-            rank += [k.replace_strict(self.rank_map, default=None, return_dtype=pl.Int32) for k in keys]
-        out = records.select(
-            pl.lit(self.source_id).alias("source_id"),
-            pl.lit(lab.source_kind).alias("source_kind"),
-            pl.lit(self.path).alias("file"),
-            pl.col("stream_key").str.split_exact(":", 1).struct.field("field_1").alias("stream"),
-            pl.col("offset"),
-            job.alias("job"),
-            # a user's path template says what the path means: its labels win over prefixes
-            (pl.lit(lab.host, dtype=pl.Utf8) if lab.host is not None else pl.col("prefix_host")).alias("host"),
-            (pl.lit(lab.rank, dtype=pl.Int32) if lab.rank is not None else pl.coalesce(rank)).cast(pl.Int32)
-            .alias("rank"),
-            local.cast(pl.Int32).alias("local_rank"),
-            pl.col("prefix_pid").alias("pid"),
-            pl.col("ts"),
-            pl.col("ts_source"),
-            pl.col("ts_year_guessed"),
-            pl.lit(now).cast(TS).alias("ingest_ts"),
-            pl.col("line"),
-        )
-        self.stats.records += out.height
-        return out.cast(RECORD_SCHEMA)  # type: ignore[arg-type]
-
-    def _jobs(self, records: pl.DataFrame) -> pl.Expr:
-        """The job of each record: a path label; else a JSON field; else the last line of the
-        file that named one (``run_id : …``, ``job_id=…``; lines before the first such line
-        take it too), carried across polls in ``job``; else the file name's (Slurm's
-        ``slurm-<jobid>.out``)."""
-        lab = self.labels
-        if lab.job is not None or lab.source_kind == "worker":
-            return pl.coalesce(pl.col("prefix_job"), pl.lit(self.job, dtype=pl.Utf8))
-        mention = records["line"].str.extract(_JOB_MENTION, 1)
-        mention = mention.set(mention == "none", None)  # torchrun's default run id names no job
-        named = mention.forward_fill()
-        named = named.fill_null(self.job) if self.job is not None else named.backward_fill()
-        if lab.fallback_job is not None:
-            named = named.fill_null(lab.fallback_job)
-        if named.drop_nulls().len():
-            self.job = named.drop_nulls()[-1]
-        return pl.coalesce(pl.col("prefix_job"), pl.lit(named))
-
 
 def _ints(text: str) -> list[int]:
     """``"0, 1, 2"`` -> ``[0, 1, 2]``."""
     return [int(x) for x in text.replace(" ", "").split(",") if x]
-
-
-def _concat(frames: list[pl.DataFrame]) -> pl.DataFrame:
-    """The non-empty frames concatenated (RECORD_SCHEMA), an empty records frame if none."""
-    frames = [f for f in frames if not f.is_empty()]
-    return pl.concat(frames) if frames else pl.DataFrame(schema=RECORD_SCHEMA)

@@ -139,6 +139,8 @@ def add_event_time(
     assume_utc_offset_minutes: int = 0,
     now: dt.datetime | None = None,
     file_carry: dt.datetime | None = None,
+    file_col: str | None = None,
+    file_carry_col: str | None = None,
 ) -> pl.DataFrame:
     """Add ``ts`` (Datetime ns UTC), ``ts_source``, ``ts_rejected`` and ``ts_year_guessed``
     (Boolean) to a batch of records.
@@ -151,6 +153,10 @@ def add_event_time(
         boot_time: the host's boot time (UTC) for kernel ``[ seconds]`` stamps.
         assume_utc_offset_minutes: offset of zone-less timestamps from UTC.
         file_carry: the file's last time read from a line in an earlier batch (UTC).
+        file_col: a column telling files apart, for the records of many files in one
+            batch (each file's rows contiguous): what is inherited "in file order" stays
+            within a file.
+        file_carry_col: ``file_carry`` per row (a column), for such a batch.
         now: wall-clock time of the read (UTC; default: now); stamps more than
             :data:`MAX_AHEAD` past it are not believed (``ts_rejected``).
 
@@ -158,6 +164,10 @@ def add_event_time(
         ``df`` with the four columns added; the helper columns are dropped.
     """
     now = now or dt.datetime.now(dt.timezone.utc)
+
+    def per_file(e: pl.Expr) -> pl.Expr:
+        return e.over(file_col) if file_col else e
+
     latest = now + MAX_AHEAD
     max_year = latest.year
     first = pl.col(text_col).str.slice(0, 96)
@@ -191,24 +201,37 @@ def add_event_time(
         ct.field("time"), ct.field("frac"),
     ) - local
     iso_ok = first.str.contains(_LEAD + r"\d{4}-\d{2}-\d{2}[T _]") | ~pl.col("_other_lead")
-    full_parts = [
-        pl.when(_year_ok(iso.field("year"), max_year) & iso_ok).then(iso_ts),
-        pl.when(_year_ok(mdy.field("year"), max_year)).then(mdy_ts),
-        pl.when(_year_ok(ct.field("year"), max_year)).then(ct_ts),
-    ]
-    any_full = (iso.field("date").is_not_null() & iso_ok) | mdy.field("year").is_not_null() | ct.field("year").is_not_null()
-    full = pl.coalesce(full_parts)
+    # only the formats this batch holds are parsed (a batch is mostly one file: one format)
+    present = out.select(
+        *(pl.col(c).struct.field(f).is_not_null().any().alias(c)
+          for c, f in (("_iso", "date"), ("_mdy", "year"), ("_ctime", "year"), ("_glog", "time"), ("_sys", "time")))
+    ).row(0, named=True)
+    full_parts = [pl.lit(None, dtype=TS)]
+    any_full = pl.lit(False)
+    if present["_iso"]:
+        full_parts.append(pl.when(_year_ok(iso.field("year"), max_year) & iso_ok).then(iso_ts))
+        any_full = any_full | (iso.field("date").is_not_null() & iso_ok)
+    if present["_mdy"]:
+        full_parts.append(pl.when(_year_ok(mdy.field("year"), max_year)).then(mdy_ts))
+        any_full = any_full | mdy.field("year").is_not_null()
+    if present["_ctime"]:
+        full_parts.append(pl.when(_year_ok(ct.field("year"), max_year)).then(ct_ts))
+        any_full = any_full | ct.field("year").is_not_null()
+    # each step materialized as a column: polars plans an expression per call (per file and
+    # poll), and one tree repeating the parsers costs ~10x the parse of a small batch
+    out = out.with_columns(pl.coalesce(full_parts).alias("_full0"), any_full.alias("_any_full"))
+    full = pl.col("_full0")
     sane = (full >= pl.lit(dt.datetime(MIN_YEAR, 1, 1, tzinfo=dt.timezone.utc)).cast(TS)) & (
         full <= pl.lit(latest).cast(TS))
     out = out.with_columns(
         pl.when(sane).then(full).alias("_full"),
-        (any_full & ~sane.fill_null(False)).alias("_full_bad"),
+        (pl.col("_any_full") & ~sane.fill_null(False)).alias("_full_bad"),
     )
     # Context for year-less stamps: nearest full timestamp in the stream, else in the batch, else mtime.
     out = out.with_columns(
         pl.col("_full").forward_fill().over(stream_col).alias("_ctx_prev"),
         pl.col("_full").backward_fill().over(stream_col).alias("_ctx_next"),
-        pl.col("_full").forward_fill().backward_fill().alias("_ctx_any"),
+        per_file(pl.col("_full").forward_fill().backward_fill()).alias("_ctx_any"),
     )
     if carry:
         carry_df = pl.DataFrame(
@@ -218,16 +241,23 @@ def add_event_time(
         out = out.join(carry_df, on=stream_col, how="left", maintain_order="left")
     else:
         out = out.with_columns(pl.lit(None, dtype=TS).alias("_carry"))
-    known_ctx = pl.coalesce(pl.col("_ctx_prev"), pl.col("_carry"), pl.col("_ctx_next"), pl.col("_ctx_any"))
-    ctx = pl.coalesce(known_ctx, pl.col(mtime_col))
+    out = out.with_columns(
+        pl.coalesce(pl.col("_ctx_prev"), pl.col("_carry"), pl.col("_ctx_next"), pl.col("_ctx_any")).alias("_known_ctx"))
+    out = out.with_columns(pl.coalesce(pl.col("_known_ctx"), pl.col(mtime_col)).alias("_ctx"))
+    known_ctx, ctx = pl.col("_known_ctx"), pl.col("_ctx")
     glog = pl.col("_glog").struct
     sysl = pl.col("_sys").struct
-    glog_ts = _closest_year(glog.field("mon").str.pad_start(2, "0"), glog.field("day"), glog.field("time"),
-                            glog.field("frac"), ctx, latest) - local
-    sys_day = sysl.field("day").str.pad_start(2, "0")
-    sys_mon = sysl.field("mon").replace_strict(_MONTHS, default=None)
-    sys_ts = _closest_year(sys_mon, sys_day, sysl.field("time"), sysl.field("frac"), ctx, latest) - local
-    yearless = pl.coalesce(glog_ts, sys_ts)
+    yearless_parts = [pl.lit(None, dtype=TS)]
+    if present["_glog"]:
+        yearless_parts.append(_closest_year(glog.field("mon").str.pad_start(2, "0"), glog.field("day"),
+                                            glog.field("time"), glog.field("frac"), ctx, latest) - local)
+    if present["_sys"]:
+        sys_day = sysl.field("day").str.pad_start(2, "0")
+        sys_mon = sysl.field("mon").replace_strict(_MONTHS, default=None)
+        yearless_parts.append(_closest_year(sys_mon, sys_day, sysl.field("time"), sysl.field("frac"), ctx, latest)
+                              - local)
+    out = out.with_columns(pl.coalesce(yearless_parts).alias("_yearless"))
+    yearless = pl.col("_yearless")
     parts = [pl.col("_full"), yearless]
     if boot_time is not None:
         boot = boot_time.astimezone(dt.timezone.utc)
@@ -245,10 +275,12 @@ def add_event_time(
         pl.when(own_sane).then(pl.col("_guess0")).alias("_guess"),
     )
     inherited = pl.col("_own").forward_fill().over(stream_col)
-    in_file = pl.col("_own").forward_fill()  # a stream that never prints a time: file order
+    in_file = per_file(pl.col("_own").forward_fill())  # a stream that never prints a time: file order
     if file_carry is not None:
         in_file = in_file.fill_null(pl.lit(file_carry.astimezone(dt.timezone.utc)).cast(TS))
-    ahead = pl.col("_own").backward_fill()  # lines before the file's first time: the next time, file order kept
+    if file_carry_col is not None:
+        in_file = in_file.fill_null(pl.col(file_carry_col))
+    ahead = per_file(pl.col("_own").backward_fill())  # lines before the file's first time: the next time, file order kept
     base = pl.coalesce(inherited, pl.col("_carry"), in_file, ahead, pl.col(mtime_col))
     out = out.with_columns(
         pl.coalesce(pl.col("_own"), base).alias("ts"),
@@ -260,7 +292,9 @@ def add_event_time(
         .alias("ts_source"),
         pl.col("_guess").forward_fill().over(stream_col).fill_null(False).alias("ts_year_guessed"),
     )
-    return out.drop(["_iso", "_mdy", "_ctime", "_glog", "_sys", "_up", "_full", "_full_bad", "_ctx_prev",
+    return out.drop(["_iso", "_mdy", "_ctime", "_glog", "_sys", "_up", "_full0", "_any_full", "_known_ctx", "_ctx",
+                     "_yearless",
+                     "_full", "_full_bad", "_ctx_prev",
                      "_ctx_next", "_ctx_any", "_carry", "_other_lead", "_own0", "_guess0", "_own", "_guess"])
 
 

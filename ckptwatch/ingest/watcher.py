@@ -63,13 +63,16 @@ from collections.abc import Callable, Mapping, Sequence
 
 import polars as pl
 
-from ckptwatch.ingest import discovery, identity, rotation, timestamps
+from ckptwatch.ingest import batch, discovery, identity, rotation, timestamps
 from ckptwatch.ingest.checkpoint import SourceCheckpoint
 from ckptwatch.ingest.stats import Stats
 from ckptwatch.ingest.tail import FileTail, InputError
 from ckptwatch.schema import RECORD_SCHEMA
 
 Key = tuple[int, int]  # (st_dev, st_ino)
+
+#: bytes one poll reads at most, over all files (see ``poll_bytes``)
+DEFAULT_POLL_BYTES = 32 << 20
 
 
 class SourceWatcher:
@@ -88,6 +91,10 @@ class SourceWatcher:
             are kept (see the module docstring).
         archives: read ``.gz`` rotated logs found in directories too (one-shot reads).
         line_prefix: the torchrun ``--log-line-prefix-template`` of the consoles (:mod:`.prefix`).
+        poll_bytes: about how many bytes one poll reads at most, over all files (plus one
+            chunk of the file that crosses it): the files past it are read by the next poll
+            (``backlog`` is True meanwhile), so a batch of records, and the memory it takes,
+            stays bounded however much the files hold. 0: no bound.
 
     ``stats`` counts files, lines, records, invalid UTF-8, skipped input and errors
     (messages naming the file and the reason; the same problem is reported once).
@@ -97,7 +104,8 @@ class SourceWatcher:
     def __init__(self, paths: Sequence[str], *, template: re.Pattern[str] | None = None,
                  boot_time: dt.datetime | None = None, committed: Mapping[str, SourceCheckpoint] | None = None,
                  exclude: Callable[[str], bool] | None = None, flush_after: float = 2.0,
-                 forget_after_polls: int = 5, archives: bool = False, line_prefix: str | None = None) -> None:
+                 forget_after_polls: int = 5, archives: bool = False, line_prefix: str | None = None,
+                 poll_bytes: int = DEFAULT_POLL_BYTES) -> None:
         self.paths = list(paths)
         self.template = template
         self.boot_time = boot_time
@@ -106,6 +114,7 @@ class SourceWatcher:
         self.forget_after_polls = forget_after_polls
         self.archives = archives
         self.line_prefix = line_prefix
+        self.poll_bytes = poll_bytes
         self.stats = Stats()
         self._tails: dict[Key, FileTail] = {}
         # source id -> (generation not followed any more, poll it stopped being followed at)
@@ -121,6 +130,9 @@ class SourceWatcher:
         self._dated_by_job: dict[str, dt.datetime] = {}  # newest dated line per job / host, for year-less stamps
         self._dated_by_host: dict[str, dt.datetime] = {}
         self.backlog = False  # the last poll left bytes unread in some file: poll again before concluding
+        self._pending: list[batch.Read] = []  # reads of this poll whose records are not made yet
+        self._out: list[pl.DataFrame] = []  # records made in this poll
+        self._now = dt.datetime.now(dt.timezone.utc)  # the time of the poll under way
         self.bytes_read = 0
 
     def poll(self, *, final: bool = False, now: dt.datetime | None = None) -> pl.DataFrame:
@@ -145,11 +157,19 @@ class SourceWatcher:
                 at.setdefault(key, found)
         if self._polls == 1:
             self._find_moved(at, final=final)
-        frames = []
+        self._now = now
+        start, deferred = self.bytes_read, False
+
+        def spent() -> bool:
+            return self.poll_bytes > 0 and self.bytes_read - start >= self.poll_bytes
+
         for key, tail in list(self._tails.items()):
             where = at.get(key)
             if where is None and tail.handle is None:  # closed after a final poll, gone since
                 self._drop(key)
+                continue
+            if where is not None and spent():  # the next poll reads it
+                deferred = True
                 continue
             if where is not None:
                 tail.path = where[0]
@@ -157,35 +177,39 @@ class SourceWatcher:
             else:
                 self._missing_since.setdefault(key, now)
             truncated: list[rotation.Superseded] = []
-            frames.append(self._poll_tail(tail, final=final, now=now, superseded=truncated))
+            self._poll_tail(tail, final=final, now=now, superseded=truncated)
             if truncated:
                 seen = [g.mtime_ns for g in truncated if g.mtime_ns is not None]
                 # copies are named after the path the file was copied from (it may have been renamed since)
                 for copied_from in dict.fromkeys(g.checkpoint.path for g in truncated):
-                    frames += self._read_rotated_siblings(copied_from, at, since_ns=min(seen) if seen else None,
+                    self._read_rotated_siblings(copied_from, at, since_ns=min(seen) if seen else None,
                                                           truncated=True, final=final, now=now)
             if where is None and key not in self._gone:
                 self._gone.add(key)
-                frames += self._read_rotated_siblings(tail.path, at, since_ns=tail.last_write_ns(),
+                self._read_rotated_siblings(tail.path, at, since_ns=tail.last_write_ns(),
                                                       truncated=False, final=final, now=now)
             if where is None and (final or self._unwatched_for(key, tail, now) >= self.flush_after):
                 if not final:
-                    frames.append(self._poll_tail(tail, final=True, now=now))
+                    self._poll_tail(tail, final=True, now=now)
                 self._drop(key)
         for key, (path, sig) in at.items():
             if key not in self._tails and self._rejected.get(key) != sig:
+                if spent():  # found again by the next poll
+                    deferred = True
+                    continue
                 tail = self._start(key, path, sig, final=final)
                 if tail is not None:
-                    frames.append(self._poll_tail(tail, final=final, now=now))
+                    self._poll_tail(tail, final=final, now=now)
         if self._polls == 1:  # once every file found could claim its own checkpoint
             for tail in self._find_moved(at, final=final, copies=True):
-                frames.append(self._poll_tail(tail, final=final, now=now))
-        self.backlog = any(t.more for t in self._tails.values())
+                self._poll_tail(tail, final=final, now=now)
+        self.backlog = deferred or any(t.more for t in self._tails.values())
         if final:  # no descriptor is held between polls (many files, one diagnose)
             for tail in self._tails.values():
                 tail.close()
         self._forget()
-        frames = [f for f in frames if not f.is_empty()]
+        self._flush(now)
+        frames, self._out = [f for f in self._out if not f.is_empty()], []
         records = pl.concat(frames) if frames else pl.DataFrame(schema=RECORD_SCHEMA)
         records = self._redate_guessed_years(records)
         self.stats.records += records.height
@@ -426,7 +450,7 @@ class SourceWatcher:
         return out
 
     def _read_rotated_siblings(self, path: str, at: Mapping[Key, object], *, since_ns: int | None,
-                               truncated: bool, final: bool, now: dt.datetime) -> list[pl.DataFrame]:
+                               truncated: bool, final: bool, now: dt.datetime) -> None:
         """Read the files rotated away from ``path`` that no watched path matches (a rotated
         name next to it, see :meth:`_rotated_siblings`), once the followed file at ``path``
         was found ``truncated`` or renamed away:
@@ -440,7 +464,6 @@ class SourceWatcher:
         After a truncation (the copies were made before it) each is read to its end and
         dropped; after a rename the writer may still append, so each is followed, like
         the renamed file, until idle (see the module docstring)."""
-        frames = []
         for cand, key, st in self._rotated_siblings(path, at):
             missed = (since_ns is not None and st.st_mtime_ns >= since_ns
                       and self._dropped.get(key) != (st.st_size, st.st_mtime_ns))
@@ -456,30 +479,32 @@ class SourceWatcher:
                 continue
             self._tails[key] = tail
             self.stats.files += 1
-            frames.append(self._poll_tail(tail, final=final or truncated, now=now))
+            self._poll_tail(tail, final=final or truncated, now=now)
             if truncated and not discovery.covers(self.paths, cand, archives=self.archives):
                 self._drop(key)  # read to its end; the next rotation may rewrite it in place
             elif not truncated:
                 self._gone.add(key)
             # else a copy that appeared under a watched path after this poll's listing: the
             # next poll finds it there and follows it on, under the same id
-        return frames
 
     def _poll_tail(self, tail: FileTail, *, final: bool, now: dt.datetime,
-                   superseded: list[rotation.Superseded] | None = None) -> pl.DataFrame:
-        """Poll one tail and count what it read; a file that cannot be read is reported in
-        ``stats.errors`` (once per problem) and skipped, the others go on. The generations
-        the poll found truncated are added to ``superseded`` too."""
+                   superseded: list[rotation.Superseded] | None = None) -> None:
+        """Read one tail's new lines and count them; their records are made with the other
+        files' by :meth:`_flush` (one pipeline per poll, see :mod:`.batch`). A file that
+        cannot be read is reported in ``stats.errors`` (once per problem) and skipped, the
+        others go on. The generations the read found truncated are added to
+        ``superseded`` too."""
+        if any(r.tail is tail for r in self._pending):  # read twice in one poll: records of the first read first
+            self._flush(now)
         before_lines, before_skip = tail.stats.lines, dict(tail.stats.skipped)
         before_offset = tail.offset
         before_utf8 = tail.stats.invalid_utf8
-        before_rejected, before_uptime = tail.stats.ts_rejected, tail.stats.uptime_no_boot
         try:
-            recs = tail.poll(final=final, ingest_ts=now)
+            self._pending.append(tail.read(final=final, ingest_ts=now))
         except InputError as e:
             if self._error(str(e)):
                 self.stats.skip("unreadable_file")
-            return pl.DataFrame(schema=RECORD_SCHEMA)
+            return
         finally:
             for gen in tail.superseded:
                 self._unfollowed[gen.checkpoint.source_id] = (gen, self._polls)
@@ -488,8 +513,6 @@ class SourceWatcher:
             tail.superseded.clear()
         self.stats.add_lines(tail.labels.source_kind, tail.stats.lines - before_lines)
         self.bytes_read += max(0, tail.offset - before_offset)
-        self.stats.note("timestamp_out_of_range", tail.stats.ts_rejected - before_rejected)
-        self.stats.note("kernel_uptime_without_boot_time", tail.stats.uptime_no_boot - before_uptime)
         bad_utf8 = tail.stats.invalid_utf8 - before_utf8
         self.stats.invalid_utf8 += bad_utf8
         if bad_utf8:
@@ -501,7 +524,18 @@ class SourceWatcher:
                 if reason == "line_too_long":
                     self.stats.errors.append(f"{tail.path}: skipped {n - before_skip.get(reason, 0)} line(s) "
                                              f"longer than {tail.max_line_bytes} bytes")
-        return recs
+
+    def _flush(self, now: dt.datetime) -> None:
+        """Make the records of the reads pending in this poll, all files in one pipeline
+        (:func:`ckptwatch.ingest.batch.emit`), and count what dating them found."""
+        if not self._pending:
+            return
+        reads, self._pending = self._pending, []
+        before = [(r.tail.stats.ts_rejected, r.tail.stats.uptime_no_boot) for r in reads]
+        self._out.append(batch.emit(reads, now=now))
+        for r, (rejected, uptime) in zip(reads, before, strict=True):
+            self.stats.note("timestamp_out_of_range", r.tail.stats.ts_rejected - rejected)
+            self.stats.note("kernel_uptime_without_boot_time", r.tail.stats.uptime_no_boot - uptime)
 
     def _missing_but_linked(self, at: Mapping[Key, object]) -> bool:
         """True if a followed file is missing from ``at`` but still has a name (it was
@@ -533,6 +567,8 @@ class SourceWatcher:
         the bytes read, when known) for ``forget_after_polls`` polls and in the checkpoints
         persisted meanwhile: if a watched path turns out to hold it after all, it goes on
         from there under the same id instead of being read again."""
+        if any(r.tail is self._tails[key] for r in self._pending):  # its checkpoint needs its records made
+            self._flush(self._now)
         tail = self._tails.pop(key)
         self._retired.update(tail.used_ids)
         self._gone.discard(key)

@@ -820,9 +820,14 @@ class RuleSet:
             multi = lines.str.contains("\n", literal=True)
         if not self.frames or not multi.any():
             return out
+        rows = multi.arg_true()  # only tracebacks (several lines) are looked at
+        sub = lines.gather(rows)
         for f in self.frames:
-            hit = multi & lines.str.contains(f.prefilter, literal=True) & lines.str.contains(f.pattern)
-            for i in hit.arg_true().to_list():
+            cand = sub.str.contains(f.prefilter, literal=True)
+            if not cand.any():
+                continue
+            at = rows.filter(cand)
+            for i in at.filter(lines.gather(at).str.contains(f.pattern)).to_list():
                 if out[i] is None:
                     out[i] = f.during
         return out
