@@ -8,6 +8,7 @@ engine answers, or an existing one named by ``CKPTWATCH_TEST_KAFKA=host:port``.
 from __future__ import annotations
 
 import collections
+import json
 import importlib.util
 import signal
 import os
@@ -101,6 +102,12 @@ def topic_messages(bootstrap: str, topic: str) -> list:
     from ckptwatch.kafka.consumer import read_to_end
 
     return read_to_end(KafkaSettings(bootstrap_servers=bootstrap), topic, client_id="test-reader")
+
+
+def topic_events(bootstrap: str, topic: str) -> list[dict]:
+    """Every event now in the events ``topic``, each message's NDJSON batch split into its
+    events (dicts, in order)."""
+    return [json.loads(line) for m in topic_messages(bootstrap, topic) for line in m.value.splitlines()]
 
 
 INCIDENT_COLS = ("id, kind, severity, status, job, step, checkpoint_path, root_cause_class, root_rank, root_host, "

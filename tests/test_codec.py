@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import polars as pl
 import pytest
 
 from ckptwatch.kafka import codec
@@ -24,6 +25,28 @@ def test_events_and_incidents_round_trip(copy_scenario):
     for inc in incidents:
         back = codec.decode_incident(codec.encode_incident(inc))
         assert back.to_dict() == inc.to_dict()
+
+
+def test_event_batches_keep_each_keys_order_and_size_and_decode_to_the_same_rows(copy_scenario):
+    from ckptwatch.ingest.watcher import SourceWatcher
+    from ckptwatch.pipeline import extract_events
+    from ckptwatch.rules import RuleSet
+
+    w = SourceWatcher([str(copy_scenario("02-sigkill-mid-save"))])
+    events = extract_events(RuleSet.load(()), w.poll(final=True), w.stats)
+    w.close()
+    keys = [f"k{r % 3}".encode() for r in range(events.height)]  # three keys, interleaved
+    batches = codec.encode_event_batches(events, keys, max_bytes=20_000)
+    assert list(dict.fromkeys(k for k, _ in batches)) == [b"k0", b"k1", b"k2"]
+    assert all(len(v) <= 20_000 for _, v in batches)
+    assert 815 // 40 < len(batches) < 815 // 5  # many events per message, split by size
+    for key in (b"k0", b"k1", b"k2"):  # one key's messages, in order, are its rows, in order
+        mine = events.filter(pl.Series([k == key for k in keys]))
+        assert codec.decode_events([v for k, v in batches if k == key]).equals(mine)
+    alone = codec.encode_event_batches(events.head(2), [b"a", b"a"], max_bytes=10)  # larger than the bound: alone
+    assert [k for k, _ in alone] == [b"a", b"a"] and b"\n" not in alone[0][1]
+    with pytest.raises(ValueError, match="1 keys for 2 events"):
+        codec.encode_event_batches(events.head(2), [b"a"])
 
 
 def test_bad_messages_are_skipped_and_named():

@@ -4,7 +4,6 @@ committing offsets, and of the sink between its DuckDB write and its commit."""
 
 from __future__ import annotations
 
-import json
 import signal
 import threading
 import time
@@ -12,7 +11,7 @@ import time
 import pytest
 from conftest import SCENARIOS
 from kafka_support import (assert_no_version_twice, ckptwatch, cli_env, expected_lines, finish, fresh_config, killed_at, published_per_id,
-                           run_embedded, save_lines, snapshot, stored_lines, topic_messages)
+                           run_embedded, save_lines, snapshot, stored_lines, topic_events, topic_messages)
 
 pytestmark = pytest.mark.kafka
 
@@ -57,7 +56,7 @@ def test_collector_kill9_mid_stream_loses_and_repeats_nothing(kafka_bootstrap, t
     assert len(keys) == len(set(keys)) == total
     # the topic itself may hold re-sent events (at-least-once): the ones published between
     # the last checkpoint and each kill; they all carry a (source_id, offset) seen before
-    on_topic = [json.loads(m.value) for m in topic_messages(kafka_bootstrap, cfg.kafka.events_topic)]
+    on_topic = topic_events(kafka_bootstrap, cfg.kafka.events_topic)
     assert {(e["source_id"], e["offset"]) for e in on_topic} == set(keys)
     assert len(on_topic) > total  # the failpoint kill re-sent at least its last batch
 

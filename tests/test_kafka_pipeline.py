@@ -10,7 +10,7 @@ import time
 import pytest
 from conftest import SCENARIOS, expected, unmatched
 from kafka_support import (assert_no_version_twice, ckptwatch, cli_env, fleet_equals_embedded, fresh_config,
-                           published_per_id, run_embedded, snapshot, topic_messages)
+                           published_per_id, run_embedded, snapshot, topic_events, topic_messages)
 
 
 pytestmark = pytest.mark.kafka
@@ -142,4 +142,4 @@ def test_run_with_kafka_flag_goes_through_the_broker(copy_scenario, kafka_bootst
     assert p.returncode == 0, err
     assert "interrupted_save" in out and "job-0301-timeout" in out
     assert snapshot(db) == embedded
-    assert len(topic_messages(kafka_bootstrap, cfg.kafka.events_topic)) == len(embedded["event_keys"])
+    assert len(topic_events(kafka_bootstrap, cfg.kafka.events_topic)) == len(embedded["event_keys"])

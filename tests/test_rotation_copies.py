@@ -16,7 +16,6 @@ Real files in tmp_path; races placed as in ``tests/test_rotation_races.py``.
 from __future__ import annotations
 
 import collections
-import json
 import os
 import shutil
 from pathlib import Path
@@ -113,7 +112,7 @@ def test_collector_killed_after_publish_then_copytruncate_stores_each_line_once(
     ``copytruncate``, ``collect`` again, ``sink``. Without offsets saved before (the
     collector's first run), the source is known from the entry saved before publishing."""
     from kafka_support import (cli_env, expected_lines, finish, fresh_config, killed_at, save_lines,
-                               stored_lines as sink_lines, ckptwatch, topic_messages)
+                               stored_lines as sink_lines, ckptwatch, topic_events)
 
     from ckptwatch.kafka.admin import ensure_topics
 
@@ -138,8 +137,7 @@ def test_collector_killed_after_publish_then_copytruncate_stores_each_line_once(
     finish(ckptwatch(["sink", "--until-idle", "2"], env))
     assert sink_lines(cfg.sink.db) == expected_lines(n)
     per_line = collections.defaultdict(set)
-    for m in topic_messages(kafka_bootstrap, cfg.kafka.events_topic):
-        e = json.loads(m.value)
+    for e in topic_events(kafka_bootstrap, cfg.kafka.events_topic):
         per_line[e["line"]].add((e["source_id"], e["offset"]))
     assert len(per_line) == n and all(len(p) == 1 for p in per_line.values())
 

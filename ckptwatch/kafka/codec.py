@@ -1,9 +1,13 @@
-"""Wire format of the three topics. Plain JSON, one message per event or incident, so any
-consumer (``kcat``, a notebook) can read a topic without this package.
+"""Wire format of the three topics. Plain JSON, so any consumer (``kcat``, a notebook) can
+read a topic without this package.
 
-* **events topic**: value = one EVENT_SCHEMA row as a JSON object, with ``ts`` as an integer
-  of nanoseconds since the Unix epoch (UTC; no precision lost) and ``attrs`` kept as its JSON
-  string. Key = the job (UTF-8), or for host-level events (kernel, storage: no rank) the host.
+* **events topic**: value = newline-delimited JSON (NDJSON), one EVENT_SCHEMA row per line
+  as a JSON object, with ``ts`` as an integer of nanoseconds since the Unix epoch (UTC; no
+  precision lost) and ``attrs`` kept as its JSON string. One message carries a batch of
+  one key's events, in order, up to :data:`MAX_BATCH_BYTES` (a single event is a batch of
+  one line): the per-record cost of a producer send and of a consumer record is paid per
+  batch, not per event. Key = the job (UTF-8), or for host-level events (kernel, storage:
+  no rank) the host.
 * **incidents topic**: value = :meth:`ckptwatch.detectors.Incident.to_dict` as JSON; key =
   the incident id. The latest message of a key is the incident's current version.
 * **saves topic**: value = one :class:`~ckptwatch.detectors.checkpoints.SaveFact` as JSON
@@ -40,8 +44,37 @@ def encode_events(events: pl.DataFrame) -> list[bytes]:
     return [line.encode() for line in wire.write_ndjson().splitlines()]
 
 
+#: bytes of one events message at most (a single larger event goes alone): well under the
+#: broker's default ``message.max.bytes`` (1 MiB) and the producer's ``max_request_size``
+MAX_BATCH_BYTES = 256 << 10
+
+
+def encode_event_batches(events: pl.DataFrame, keys: list[bytes],
+                         max_bytes: int = MAX_BATCH_BYTES) -> list[tuple[bytes, bytes]]:
+    """``(key, value)`` messages for an EVENT_SCHEMA frame whose row ``i`` goes under
+    ``keys[i]``: each value is the NDJSON of consecutive rows of one key (row order kept
+    within a key), at most ``max_bytes`` unless one row alone is larger. Keys appear in the
+    order of their first row."""
+    if events.is_empty():
+        return []
+    if len(keys) != events.height:
+        raise ValueError(f"{len(keys)} keys for {events.height} events")
+    lines = encode_events(events)
+    groups: dict[bytes, list[list[bytes]]] = {}
+    sizes: dict[bytes, int] = {}
+    for key, line in zip(keys, lines, strict=True):
+        batches = groups.setdefault(key, [[]])
+        if batches[-1] and sizes[key] + len(line) + 1 > max_bytes:
+            batches.append([])
+            sizes[key] = 0
+        batches[-1].append(line)
+        sizes[key] = sizes.get(key, 0) + len(line) + 1
+    return [(key, b"\n".join(batch)) for key, batches in groups.items() for batch in batches]
+
+
 def decode_events(values: list[bytes]) -> pl.DataFrame:
-    """Inverse of :func:`encode_events`: an EVENT_SCHEMA frame.
+    """Inverse of :func:`encode_events` and :func:`encode_event_batches`: an EVENT_SCHEMA
+    frame of every event of ``values`` (each value one event or an NDJSON batch of them).
 
     Raises DecodeError when a value is not a JSON event (the caller names the message)."""
     if not values:

@@ -6,7 +6,9 @@ the broker's acknowledgement (``acks=all``), and only then saves the sources' of
 the checkpoint file (atomically). A kill at any point re-reads at most the lines published
 since the last checkpoint; consumers drop those by ``(source_id, offset)``.
 
-Routing: job events are keyed by job, so one job's events stay in one partition, in order.
+Routing: job events are keyed by job, so one job's events stay in one partition, in order;
+each step publishes one message per key holding its events as an NDJSON batch
+(:func:`~ckptwatch.kafka.codec.encode_event_batches`).
 Host-level events (kernel, storage: lines that name no rank) are keyed by host and sent to
 *every* partition of the events topic, so whichever detector owns a job also sees the
 kernel OOM kill or NFS error of the hosts it runs on and joins them by host, pid and time,
@@ -31,7 +33,7 @@ from ckptwatch.ingest.checkpoint import FileCheckpointer, SourceCheckpoint
 from ckptwatch.integrity.watch import CheckpointWatcher
 from ckptwatch.ingest.watcher import SourceWatcher
 from ckptwatch.kafka.admin import ensure_topics
-from ckptwatch.kafka.codec import encode_events
+from ckptwatch.kafka.codec import encode_event_batches
 from ckptwatch.kafka.producer import Message, Publisher
 from ckptwatch.pipeline import extract_events
 from ckptwatch.rules import RuleSet
@@ -77,20 +79,27 @@ class Collector:
         self.published = 0
 
     def messages(self, events: pl.DataFrame) -> list[Message]:
-        """The events as messages: keyed by job, host events copied to every partition."""
+        """The events as messages: batches keyed by job, host events' batches copied to
+        every partition (see :func:`~ckptwatch.kafka.codec.encode_event_batches`)."""
         topic = self.config.kafka.events_topic
-        values = encode_events(events)
-        if not values:
+        if events.is_empty():
             return []
         partitions = self.publisher.partitions(topic)
-        out: list[Message] = []
-        cols = events.select("job", "host", "kind", "rank", "local_rank").iter_rows()
-        for value, (job, host, kind, rank, local_rank) in zip(values, cols, strict=True):
+        keys: list[bytes] = []
+        host_keys: set[bytes] = set()
+        for job, host, kind, rank, local_rank in events.select("job", "host", "kind", "rank", "local_rank").iter_rows():
             if is_host_event(kind, rank, local_rank):
-                key = (host or "").encode()
-                out += [Message(topic, key, value, partition=p) for p in partitions]
+                key = b"host:" + (host or "").encode()  # apart from a job of the same name
+                host_keys.add(key)
             else:
-                out.append(Message(topic, job.encode() if job else UNKNOWN_JOB, value))
+                key = job.encode() if job else UNKNOWN_JOB
+            keys.append(key)
+        out: list[Message] = []
+        for key, value in encode_event_batches(events, keys):
+            if key in host_keys:
+                out += [Message(topic, key.removeprefix(b"host:"), value, partition=p) for p in partitions]
+            else:
+                out.append(Message(topic, key, value))
         return out
 
     def step(self, *, final: bool = False, now: dt.datetime | None = None) -> int:

@@ -224,12 +224,13 @@ class DetectorMember:
             self.stats.bad_messages += 1
             self.metrics.count_skipped("bad_message")
             self.on_message(f"{tp.topic} partition {tp.partition} offset {records[i].offset}: skipped: {e}")
-        replaying = sum(1 for r in records if r.offset < self.replay_until.get(tp, 0))
-        self.stats.replayed += replaying
-        self.stats.events += events.height
         skipped = {i for i, _ in bad}
-        offsets = [r.offset for i, r in enumerate(records) if i not in skipped]
-        if len(offsets) == events.height:  # one event per message
+        # each event's message offset (a message is an NDJSON batch: one event per line)
+        offsets = [r.offset for i, r in enumerate(records) if i not in skipped
+                   for _ in range(r.value.count(b"\n") + 1)]
+        self.stats.replayed += sum(1 for o in offsets if o < self.replay_until.get(tp, 0))
+        self.stats.events += events.height
+        if len(offsets) == events.height:
             self.replay_starts[tp].note(events["job"].to_list(), offsets)
         self.detectors[tp].process(events.iter_rows(named=True), now=now)
         self.position[tp] = records[-1].offset + 1
