@@ -44,6 +44,7 @@ from ckptwatch.ingest import timestamps
 from ckptwatch.ingest.layout import TemplateError, compile_template
 from ckptwatch.ingest.prefix import LinePrefixError, compile_line_prefix
 from ckptwatch.integrity.cli import register as register_integrity
+from ckptwatch.simulate_cli import register as register_simulate
 from ckptwatch.pipeline import PipelineOptions, diagnose
 from ckptwatch.rules import RuleError, check_rule_files
 from ckptwatch.sinks import report
@@ -65,6 +66,7 @@ silence_app = typer.Typer(no_args_is_help=True, help="Silences: mute alerts by j
                                                     "expire (the running pipeline picks them up at once).")
 app.add_typer(silence_app, name="silence")
 register_integrity(app)  # manifest, verify
+register_simulate(app)  # simulate
 
 _err = Console(stderr=True, highlight=False)
 

@@ -1,0 +1,92 @@
+"""Command line of the fleet simulator: ``ckptwatch simulate`` (see :mod:`ckptwatch.simulate`).
+
+    ckptwatch simulate OUT [--jobs 8] [--nodes 2] [--ranks 8] [--steps 120] [--save-every 40]
+                           [--failures 0.5] [--kind sigkill --kind oom ...] [--layout console|rank-files]
+                           [--seed 1]
+    ckptwatch simulate OUT --score DIAGNOSIS.json   # diagnose --json output scored against OUT/truth.json
+
+Exit codes: 0 written (or, with ``--score``, every injected incident found with its cause
+and rank and none false), 1 the score falls short, 2 usage or input error (one line).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from ckptwatch.simulate import FAILURES, FleetSpec, generate, score
+
+_out = Console(highlight=False, soft_wrap=True)  # commands stay on one line to paste
+_err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def simulate_cmd(
+    out: Annotated[Path, typer.Argument(help="Directory to write logs/ and truth.json into (created).")],
+    jobs: Annotated[int, typer.Option("--jobs", help="Jobs in the fleet.")] = 8,
+    nodes: Annotated[int, typer.Option("--nodes", help="Nodes per job.")] = 2,
+    ranks: Annotated[int, typer.Option("--ranks", help="Ranks (GPUs) per node.")] = 8,
+    steps: Annotated[int, typer.Option("--steps", help="Iterations per job, one a second.")] = 120,
+    save_every: Annotated[int, typer.Option("--save-every", help="Iterations between saves.")] = 40,
+    failures: Annotated[float, typer.Option("--failures", help="Share of jobs (0..1) with an injected "
+                                                             "failure in a save.")] = 0.5,
+    kind: Annotated[list[str] | None, typer.Option("--kind", help=f"Failure kinds to draw from (repeat): "
+                                                              f"{', '.join(FAILURES)}; default all.")] = None,
+    layout: Annotated[str, typer.Option("--layout", help="console: one torchrun --tee console per node; "
+                                                         "rank-files: a file per rank beside it.")] = "console",
+    seed: Annotated[int, typer.Option("--seed", help="Same seed, same fleet.")] = 1,
+    score_file: Annotated[Path | None, typer.Option("--score", help="Score this diagnose --json output against "
+                                                                    "OUT/truth.json instead of writing.")] = None,
+) -> None:
+    """Write a simulated training fleet's logs with injected checkpoint failures and their
+    ground truth (a load test and a demo: diagnose it, run it, score it)."""
+    if score_file is not None:
+        raise typer.Exit(_score(out / "truth.json", score_file))
+    spec = FleetSpec(jobs=jobs, nodes_per_job=nodes, ranks_per_node=ranks, steps=steps, save_every=save_every,
+                     failures=failures, kinds=tuple(kind or FAILURES), layout=layout, seed=seed)
+    try:
+        spec.check()
+        truth = generate(out, spec)
+    except ValueError as e:
+        _err.print(f"[red]error:[/red] {escape(str(e))}")
+        raise typer.Exit(2) from None
+    except OSError as e:
+        _err.print(f"[red]error:[/red] {escape(f'{out}: cannot write: {e.strerror or e}')}")
+        raise typer.Exit(2) from None
+    injected = sum(len(j["incidents"]) for j in truth["jobs"].values())
+    template = f" --path-template '{truth['template']}'" if truth["template"] else ""
+    _out.print(f"{len(truth['jobs'])} jobs x {nodes} nodes x {ranks} ranks: {truth['files']:,} files, "
+               f"{truth['lines']:,} lines in {out / 'logs'}; {injected} injected failures in {out / 'truth.json'}")
+    _out.print(f"diagnose: ckptwatch diagnose --json{template} {out / 'logs'} > diagnosis.json")
+    _out.print(f"score:    ckptwatch simulate {out} --score diagnosis.json")
+
+
+def _score(truth_path: Path, diagnosis: Path) -> int:
+    try:
+        truth = json.loads(truth_path.read_text())
+        got = json.loads(diagnosis.read_text())
+        incidents = got["incidents"] if isinstance(got, dict) else got
+        result = score(truth, incidents)
+    except OSError as e:
+        _err.print(f"[red]error:[/red] {escape(f'{e.filename}: cannot read: {e.strerror}')}")
+        return 2
+    except (ValueError, KeyError, TypeError) as e:
+        _err.print(f"[red]error:[/red] {escape(f'{diagnosis} or {truth_path}: not a diagnosis and its truth: {e}')}")
+        return 2
+    r = result
+    _out.print(f"injected {r['injected']}: found {r['found']}, with the right cause and rank {r['exact']}; "
+               f"false incidents {r['false']}; clean jobs {r['clean_jobs']}, with an incident "
+               f"{r['clean_with_incident']}")
+    for key in ("missed", "wrong", "false_jobs"):
+        if r[key]:
+            _out.print(f"{key.replace('_', ' ')}: {', '.join(r[key][:10])}{' …' if len(r[key]) > 10 else ''}")
+    return 0 if r["exact"] == r["injected"] and not r["false"] else 1
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``simulate`` to the ``ckptwatch`` application."""
+    app.command("simulate")(simulate_cmd)
