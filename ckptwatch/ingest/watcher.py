@@ -131,6 +131,7 @@ class SourceWatcher:
         self._dated_by_host: dict[str, dt.datetime] = {}
         self.backlog = False  # the last poll left bytes unread in some file: poll again before concluding
         self._pending: list[batch.Read] = []  # reads of this poll whose records are not made yet
+        self._pending_ids: set[int] = set()  # id() of their tails
         self._out: list[pl.DataFrame] = []  # records made in this poll
         self._now = dt.datetime.now(dt.timezone.utc)  # the time of the poll under way
         self.bytes_read = 0
@@ -494,13 +495,14 @@ class SourceWatcher:
         cannot be read is reported in ``stats.errors`` (once per problem) and skipped, the
         others go on. The generations the read found truncated are added to
         ``superseded`` too."""
-        if any(r.tail is tail for r in self._pending):  # read twice in one poll: records of the first read first
+        if id(tail) in self._pending_ids:  # read twice in one poll: records of the first read first
             self._flush(now)
         before_lines, before_skip = tail.stats.lines, dict(tail.stats.skipped)
         before_offset = tail.offset
         before_utf8 = tail.stats.invalid_utf8
         try:
             self._pending.append(tail.read(final=final, ingest_ts=now))
+            self._pending_ids.add(id(tail))
         except InputError as e:
             if self._error(str(e)):
                 self.stats.skip("unreadable_file")
@@ -531,6 +533,7 @@ class SourceWatcher:
         if not self._pending:
             return
         reads, self._pending = self._pending, []
+        self._pending_ids.clear()
         before = [(r.tail.stats.ts_rejected, r.tail.stats.uptime_no_boot) for r in reads]
         self._out.append(batch.emit(reads, now=now))
         for r, (rejected, uptime) in zip(reads, before, strict=True):
@@ -567,7 +570,7 @@ class SourceWatcher:
         the bytes read, when known) for ``forget_after_polls`` polls and in the checkpoints
         persisted meanwhile: if a watched path turns out to hold it after all, it goes on
         from there under the same id instead of being read again."""
-        if any(r.tail is self._tails[key] for r in self._pending):  # its checkpoint needs its records made
+        if id(self._tails[key]) in self._pending_ids:  # its checkpoint needs its records made
             self._flush(self._now)
         tail = self._tails.pop(key)
         self._retired.update(tail.used_ids)
