@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""Tailing many growing rank files: start time, throughput kept up with, and lag (issue 15).
+
+    .venv/bin/python benchmarks/tail.py [--files 10000] [--backlog 55] [--rate 2000] [--seconds 30]
+
+1. Writes ``--files`` rank logs (``job-NNNN/nodeNNNN/rankN.log``, 8 ranks a node, 4 nodes a
+   job) of ``--backlog`` lines each, then times the first poll of a
+   :class:`~ckptwatch.ingest.watcher.SourceWatcher` over them plus the rules (what
+   ``ckptwatch run`` or ``collect`` does at start), and its peak RSS.
+2. A writer process appends ``--rate`` lines/s in total, spread round-robin over every
+   file (each line a metric event carrying its write time, microseconds), for
+   ``--seconds``; this process polls, applies the rules and takes each event's lag: the
+   time it left the rules (what a collector publishes, or ``run`` stores) minus the time
+   written in its line. Also reported: the poll of an idle fleet (nothing written).
+
+Prints the figures next to the writer's rate: kept up means lines read = lines written and
+the lag does not grow over the run. Target (issue 15): 10,000 files at 100,000 lines/s,
+lag p99 <= 2 s, start in seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from ckptwatch.ingest.layout import compile_template  # noqa: E402
+from ckptwatch.ingest.watcher import SourceWatcher  # noqa: E402
+from ckptwatch.rules import RuleSet  # noqa: E402
+
+WRITER = r'''
+import datetime as dt, sys, time
+paths, rate, seconds = open(sys.argv[1]).read().split("\n"), float(sys.argv[2]), float(sys.argv[3])
+files = [open(p, "a", buffering=1 << 16) for p in paths]
+tick, n, i, start = 0.05, 0, 0, time.monotonic()
+while (now := time.monotonic()) - start < seconds:
+    due = int((now - start) * rate) - n
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
+    touched = set()
+    for _ in range(due):
+        f = files[i % len(files)]
+        f.write(f"[{stamp}] [INFO]  iteration {n:8d}/ 1000000 | consumed samples: {n * 1024:12d} | "
+                f"lm loss: 2.{n % 1000:03d}E+00 | grad norm: 1.0 |\n")
+        touched.add(i % len(files))
+        i += 1
+        n += 1
+    for k in touched:
+        files[k].flush()
+    time.sleep(tick)
+print(n)
+'''
+
+
+def write_fleet(root: Path, files: int, backlog: int) -> list[Path]:
+    """``files`` rank logs of ``backlog`` lines each (a save every 20 lines)."""
+    t0 = dt.datetime(2026, 12, 1, 8, 0, tzinfo=dt.timezone.utc)
+    out = []
+    for f in range(files):
+        node, rank = divmod(f, 8)
+        p = root / f"job-{node // 4:04d}" / f"node{node:04d}" / f"rank{f % 32}.log"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        lines = []
+        for i in range(backlog):
+            ts = (t0 + dt.timedelta(seconds=i)).strftime("%Y-%m-%d %H:%M:%S.%f")
+            if i % 20 == 10:
+                lines.append(f"[{ts}] [INFO] saving checkpoint at iteration {i:8d} to /ckpt/job/iter_{i:07d} in torch format")
+            elif i % 20 == 11:
+                lines.append(f"[{ts}] [INFO]   successfully saved checkpoint from iteration {i:8d} to "
+                             f"/ckpt/job/iter_{i:07d} [ t 1/1, p 1/1 ]")
+            else:
+                lines.append(f"[{ts}] [INFO]  iteration {i:8d}/ 1000000 | consumed samples: {i * 1024:12d} | "
+                             f"lm loss: 2.{i:03d}E+00 | grad norm: 1.0 |")
+        p.write_text("\n".join(lines) + "\n")
+        out.append(p)
+    return out
+
+
+def rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--files", type=int, default=10_000)
+    ap.add_argument("--backlog", type=int, default=55)
+    ap.add_argument("--rate", type=float, default=2000.0, help="lines/s written in total")
+    ap.add_argument("--seconds", type=float, default=30.0)
+    ap.add_argument("--interval", type=float, default=0.5, help="seconds between polls when idle")
+    a = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="ckptwatch-tail-"))
+    try:
+        paths = write_fleet(work / "logs", a.files, a.backlog)
+        rules = RuleSet.load()
+        watcher = SourceWatcher([str(work / "logs")], template=compile_template("{job}/{host}/rank{rank}.log"))
+        t0 = time.perf_counter()
+        events = 0
+        while True:  # the start: every existing file read once
+            events += rules.apply(watcher.poll()).height
+            if not watcher.backlog:
+                break
+        start = time.perf_counter() - t0
+        print(f"start: {a.files:,} files x {a.backlog} lines read in {start:.1f} s "
+              f"({a.files * a.backlog / start:,.0f} lines/s), {events:,} events, peak RSS {rss_mb():.0f} MB", flush=True)
+        t0 = time.perf_counter()
+        rules.apply(watcher.poll())
+        print(f"idle poll (nothing written): {time.perf_counter() - t0:.2f} s", flush=True)
+
+        (work / "paths.txt").write_text("\n".join(map(str, paths)))
+        writer = subprocess.Popen([sys.executable, "-c", WRITER, str(work / "paths.txt"), str(a.rate),
+                                   str(a.seconds)], stdout=subprocess.PIPE, text=True)
+        lags: list[float] = []
+        polls: list[float] = []
+        read = 0
+        lines_before = watcher.stats.lines
+        quiet_since = None
+        while True:
+            t0 = time.perf_counter()
+            ev = rules.apply(watcher.poll())
+            done = dt.datetime.now(dt.timezone.utc)
+            polls.append(time.perf_counter() - t0)
+            ev = ev.filter(ev["kind"] == "metric")
+            read += ev.height
+            if ev.height:
+                lags += ((done - ev["ts"]).dt.total_microseconds() / 1e6).to_list()
+                quiet_since = None
+            elif writer.poll() is not None:
+                quiet_since = quiet_since or time.monotonic()
+                if time.monotonic() - quiet_since > 3.0:
+                    break
+            if not watcher.backlog:
+                time.sleep(max(0.0, a.interval - polls[-1]))
+        written = int(writer.communicate()[0])
+        watcher.close()
+        ordered = list(lags)  # in arrival order: does the lag grow over the run?
+        lags.sort()
+        q = statistics.quantiles(lags, n=100) if len(lags) > 1 else [0.0] * 99
+        half = len(lags) // 2
+        print(f"\n| {a.files:,} files, writer {a.rate:,.0f} lines/s for {a.seconds:.0f} s | |\n|---|---:|")
+        print(f"| lines written / read | {written:,} / {watcher.stats.lines - lines_before:,} |")
+        print(f"| events read | {read:,} |")
+        print(f"| lag p50 / p99 / max, s | {q[49]:.2f} / {q[98]:.2f} / {lags[-1] if lags else 0:.2f} |")
+        print(f"| poll + rules, s: p50 / max | {statistics.median(polls):.2f} / {max(polls):.2f} |")
+        print(f"| peak RSS, MB | {rss_mb():.0f} |")
+        if lags:
+            first, second = statistics.median(ordered[:half] or [0]), statistics.median(ordered[half:] or [0])
+            print(f"\nkept up: {'yes' if written == read else 'no'} "
+                  f"(median lag of the first half of the events {first:.2f} s, of the second half {second:.2f} s)")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
