@@ -66,7 +66,7 @@ def matches(inc: dict[str, Any], want: dict[str, Any], *, cause: bool = True) ->
     """``inc`` (``diagnose --json`` shape) is the expected incident ``want`` (kind, step and,
     with ``cause``, root-cause class and rank; None = any)."""
     rc = inc.get("root_cause") or {}
-    ok = inc["kind"] == want["kind"] and (want.get("step") is None or inc["step"] == want["step"])
+    ok = inc["kind"] == want["kind"] and (want.get("step") is None or inc.get("step") == want["step"])
     if cause:
         ok = ok and (want.get("root_cause_class") is None or rc.get("class") == want["root_cause_class"])
         ok = ok and (want.get("root_rank") is None or rc.get("rank") == want["root_rank"])

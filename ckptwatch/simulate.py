@@ -84,9 +84,13 @@ class FleetSpec:
         """Raises ValueError naming the field that is out of range."""
         if min(self.jobs, self.nodes_per_job, self.ranks_per_node) < 1:
             raise ValueError("jobs, nodes per job and ranks per node must be at least 1")
-        if self.save_every < 2 or self.steps < 3 * self.save_every:
+        if self.save_every < 2:
+            raise ValueError(f"save_every must be at least 2 iterations, not {self.save_every}")
+        if self.steps < 3 * self.save_every:
             raise ValueError(f"steps ({self.steps}) must cover at least 3 saves of every {self.save_every} "
-                             "iterations (save_every >= 2)")
+                             "iterations (the first save is never the failing one: a good checkpoint exists)")
+        if self.seed < 0:
+            raise ValueError(f"seed must be 0 or more, not {self.seed}")
         if not 0.0 <= self.failures <= 1.0:
             raise ValueError(f"failures must be a share between 0 and 1, not {self.failures}")
         if unknown := [k for k in self.kinds if k not in FAILURES]:
@@ -105,10 +109,13 @@ class _Failure:
 def generate(out: Path, spec: FleetSpec) -> dict[str, Any]:
     """Write the fleet's logs under ``out/logs`` and ``out/truth.json``; returns the truth
     (``{"spec", "template", "files", "lines", "jobs": {job: {"incidents", "must_not",
-    "failure"}}}``). Raises ValueError for a bad spec (see :meth:`FleetSpec.check`)."""
+    "failure"}}}``). Raises ValueError for a bad spec (see :meth:`FleetSpec.check`) or an
+    ``out`` whose ``logs/`` already holds files (two fleets would mix)."""
     spec.check()
     rnd = random.Random(spec.seed)
     logs = out / "logs"
+    if logs.is_dir() and any(logs.iterdir()):
+        raise ValueError(f"{logs} already holds logs (another fleet?): simulate into a new or empty directory")
     logs.mkdir(parents=True, exist_ok=True)
     failing = set(rnd.sample(range(spec.jobs), round(spec.jobs * spec.failures)))
     jobs: dict[str, Any] = {}
@@ -165,12 +172,12 @@ def _write_job(logs: Path, job: str, t0: dt.datetime, spec: FleetSpec, failure: 
             worker[r].append((w, _ITER.format(ts=_ms(w), rank=r, step=step, total=spec.steps, samples=step * 1024,
                                               ms=rnd.uniform(950, 1050), loss=3.0 * 0.999 ** step + rnd.uniform(0, .01),
                                               gn=rnd.uniform(0.1, 0.3))))
-            if rnd.random() < 0.05:
+            if rpn > 1 and rnd.random() < 0.05:
                 worker[r].append((w, _NCCL.format(host=hosts[n], pid=pids[r], tid=pids[r] + 100, local=r % rpn,
                                                   ch=rnd.randrange(16), peer=(r + 1) % rpn)))
         if step % spec.save_every:
             continue
-        t_save = t + dt.timedelta(milliseconds=5)
+        t_save = t + dt.timedelta(milliseconds=60)  # after every rank's iteration line (up to +40 ms)
         for r in range(world):
             w = t_save + skew[r // rpn] + dt.timedelta(milliseconds=rnd.randint(0, 6))
             worker[r].append((w, _SAVE.format(ts=_ms(w), rank=r, step=step, ckpt=ckpt)))
@@ -299,6 +306,8 @@ def _child_failed(t: dt.datetime, host: str, victim: int, rpn: int, pids: list[i
            "=" * 54, "/workspace/Megatron-LM/pretrain_gpt.py FAILED", "-" * 54, "Failures:"]
     for i, r in enumerate(others, start=1):
         out += entry(i, r, -15)
+    if not others:
+        out.append("  <NO_OTHER_FAILURES>")
     out += ["-" * 54, "Root Cause (first observed failure):", *entry(0, victim, exitcode), "=" * 54]
     return [(t, text) for text in out]
 
@@ -346,10 +355,15 @@ def score(truth: dict[str, Any], incidents: list[dict[str, Any]]) -> dict[str, A
     """Compare a diagnosis (incidents in the ``diagnose --json`` shape) with ``truth``:
     per job, the expected incidents found (kind and step), found exactly (also root-cause
     class and rank), and false ones (a save incident matching none, or a ``must_not``
-    kind). Returns the counts and the jobs that missed or got a false one."""
+    kind). Returns the counts and the jobs that missed or got a false one. Raises
+    ValueError when ``incidents`` are not incident objects, or name none of the truth's jobs."""
     by_job: dict[str, list[dict[str, Any]]] = {}
-    for inc in incidents:
+    for n, inc in enumerate(incidents):
+        if not isinstance(inc, dict) or not isinstance(inc.get("kind"), str):
+            raise ValueError(f"incident {n} is not an incident object with a kind (diagnose --json writes them)")
         by_job.setdefault(inc.get("job") or "", []).append(inc)
+    if by_job and not set(by_job) & set(truth["jobs"]):
+        raise ValueError("no job of the diagnosis is in the truth: the diagnosis of another fleet?")
     out = {"injected": 0, "found": 0, "exact": 0, "false": 0, "clean_jobs": 0, "clean_with_incident": 0,
            "missed": [], "wrong": [], "false_jobs": []}
     for job, want in truth["jobs"].items():

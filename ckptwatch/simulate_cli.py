@@ -6,14 +6,16 @@
     ckptwatch simulate OUT --score DIAGNOSIS.json   # diagnose --json output scored against OUT/truth.json
 
 Exit codes: 0 written (or, with ``--score``, every injected incident found with its cause
-and rank and none false), 1 the score falls short, 2 usage or input error (one line).
+and rank and none false), 1 the score falls short, 2 usage or input error (one line): a bad
+option, an ``OUT/logs`` that already holds logs, a file that is not the truth or a
+diagnosis, a diagnosis naming none of the truth's jobs.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -59,23 +61,33 @@ def simulate_cmd(
         raise typer.Exit(2) from None
     injected = sum(len(j["incidents"]) for j in truth["jobs"].values())
     template = f" --path-template '{truth['template']}'" if truth["template"] else ""
-    _out.print(f"{len(truth['jobs'])} jobs x {nodes} nodes x {ranks} ranks: {truth['files']:,} files, "
-               f"{truth['lines']:,} lines in {out / 'logs'}; {injected} injected failures in {out / 'truth.json'}")
+    _out.print(f"{_n(len(truth['jobs']), 'job')} x {_n(nodes, 'node')} x {_n(ranks, 'rank')}: "
+               f"{truth['files']:,} files, {truth['lines']:,} lines in {out / 'logs'}; "
+               f"{_n(injected, 'injected failure')} in {out / 'truth.json'}")
     _out.print(f"diagnose: ckptwatch diagnose --json{template} {out / 'logs'} > diagnosis.json")
     _out.print(f"score:    ckptwatch simulate {out} --score diagnosis.json")
 
 
+def _n(count: int, noun: str) -> str:
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
+
+
 def _score(truth_path: Path, diagnosis: Path) -> int:
-    try:
-        truth = json.loads(truth_path.read_text())
-        got = json.loads(diagnosis.read_text())
-        incidents = got["incidents"] if isinstance(got, dict) else got
-        result = score(truth, incidents)
-    except OSError as e:
-        _err.print(f"[red]error:[/red] {escape(f'{e.filename}: cannot read: {e.strerror}')}")
+    truth = _read_json(truth_path, "the truth simulate wrote")
+    got = _read_json(diagnosis, "a diagnose --json output")
+    if truth is None or got is None:
         return 2
-    except (ValueError, KeyError, TypeError) as e:
-        _err.print(f"[red]error:[/red] {escape(f'{diagnosis} or {truth_path}: not a diagnosis and its truth: {e}')}")
+    incidents = got.get("incidents") if isinstance(got, dict) else got
+    if not isinstance(truth, dict) or not isinstance(truth.get("jobs"), dict):
+        _err.print(f"[red]error:[/red] {escape(f'{truth_path}: not the truth.json simulate writes (no jobs)')}")
+        return 2
+    if not isinstance(incidents, list):
+        _err.print(f"[red]error:[/red] {escape(f'{diagnosis}: not a diagnose --json output (no incidents list)')}")
+        return 2
+    try:
+        result = score(truth, incidents)
+    except ValueError as e:
+        _err.print(f"[red]error:[/red] {escape(f'{diagnosis}: {e}')}")
         return 2
     r = result
     _out.print(f"injected {r['injected']}: found {r['found']}, with the right cause and rank {r['exact']}; "
@@ -85,6 +97,17 @@ def _score(truth_path: Path, diagnosis: Path) -> int:
         if r[key]:
             _out.print(f"{key.replace('_', ' ')}: {', '.join(r[key][:10])}{' …' if len(r[key]) > 10 else ''}")
     return 0 if r["exact"] == r["injected"] and not r["false"] else 1
+
+
+def _read_json(path: Path, what: str) -> Any:
+    """The JSON document at ``path``; None after saying why it cannot be read (one line)."""
+    try:
+        return json.loads(path.read_text())
+    except OSError as e:
+        _err.print(f"[red]error:[/red] {escape(f'{path}: cannot read: {e.strerror or e}')}")
+    except (ValueError, UnicodeDecodeError) as e:
+        _err.print(f"[red]error:[/red] {escape(f'{path}: not JSON ({what}): {e}')}")
+    return None
 
 
 def register(app: typer.Typer) -> None:

@@ -86,10 +86,46 @@ def test_cli_writes_scores_and_names_bad_input(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--kind", "meteor"], "unknown failure kind(s) meteor; known: sigkill, oom, enospc"),
     (["--failures", "1.5"], "failures must be a share between 0 and 1, not 1.5"),
-    (["--steps", "50", "--save-every", "40"], "steps (50) must cover at least 3 saves of every 40 iterations (save_every >= 2)"),
+    (["--steps", "50", "--save-every", "40"], "steps (50) must cover at least 3 saves of every 40 iterations "
+                                              "(the first save is never the failing one: a good checkpoint exists)"),
+    (["--save-every", "0"], "save_every must be at least 2 iterations, not 0"),
+    (["--seed", "-5"], "seed must be 0 or more, not -5"),
     (["--layout", "flat"], "layout must be console or rank-files, not 'flat'"),
 ])
 def test_a_bad_spec_is_one_line_and_exit_2(tmp_path, args, message):
     r = cli("simulate", str(tmp_path / "x"), *args)
     assert r.returncode == 2 and r.stderr.strip() == f"error: {message}" and "Traceback" not in r.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_a_directory_holding_a_fleet_is_refused_not_mixed(tmp_path):
+    assert cli("simulate", str(tmp_path), "--jobs", "2").returncode == 0
+    before = (tmp_path / "truth.json").read_text()
+    again = cli("simulate", str(tmp_path), "--jobs", "3", "--seed", "2")
+    assert again.returncode == 2 and again.stderr.strip() == (
+        f"error: {tmp_path / 'logs'} already holds logs (another fleet?): simulate into a new or empty directory")
+    assert (tmp_path / "truth.json").read_text() == before
+
+
+@pytest.mark.parametrize("content, message", [
+    ("[1, 2]", "incident 0 is not an incident object with a kind (diagnose --json writes them)"),
+    ('{"stats": {}}', "not a diagnose --json output (no incidents list)"),
+    ("", "not JSON (a diagnose --json output): Expecting value: line 1 column 1 (char 0)"),
+    ('{"incidents": [{"kind": "interrupted_save", "job": "elsewhere-0001", "step": 40}]}',
+     "no job of the diagnosis is in the truth: the diagnosis of another fleet?"),
+])
+def test_score_names_a_file_that_is_not_this_fleets_diagnosis(tmp_path, content, message):
+    assert cli("simulate", str(tmp_path / "f"), "--jobs", "2").returncode == 0
+    (tmp_path / "d.json").write_text(content)
+    r = cli("simulate", str(tmp_path / "f"), "--score", str(tmp_path / "d.json"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip() == f"error: {tmp_path / 'd.json'}: {message}"
+
+
+def test_the_logs_read_in_order_a_save_after_its_iteration(tmp_path):
+    generate(tmp_path, FleetSpec(jobs=1, nodes_per_job=1, ranks_per_node=1, failures=1.0, seed=3))
+    lines = (tmp_path / "logs" / "sim-3-0000" / "sim-3-0000-n00" / "console.log").read_text().splitlines()
+    saves = [i for i, line in enumerate(lines) if "saving checkpoint at iteration" in line]
+    assert saves and all("iteration " in lines[i - 1] and "/" in lines[i - 1] for i in saves)
+    assert "  <NO_OTHER_FAILURES>" in lines  # one rank: torchrun lists no other failure
+    assert not any("NCCL INFO Channel" in line for line in lines)  # no peer to talk to
