@@ -77,7 +77,7 @@ class EmbeddedRunner:
         self.detector.restore(released, registry)
         stored = self.store.events_to_replay()  # the live jobs' events only: bounded by them, not by history
         if not stored.is_empty():
-            self.detector.process(stored.iter_rows(named=True))
+            self.detector.process_frame(stored)
         self.detector.adopt(self.store.open_incidents())  # still its to withdraw or resolve (late lines)
 
     def cycle(self, *, final: bool = False, now: dt.datetime | None = None) -> list[Incident]:
@@ -101,7 +101,7 @@ class EmbeddedRunner:
         for sid in forgotten:
             del self._stored[sid]
         if not events.is_empty():
-            self.detector.process(events.iter_rows(named=True), now=now)
+            self.detector.process_frame(events, now=now)
         done = final and not self.watcher.backlog
         # lines that name no job (a launcher's log beside rank files labelled from within):
         # the one job's, as diagnose takes them; live too, once one job is known

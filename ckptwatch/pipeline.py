@@ -112,7 +112,7 @@ def diagnose(paths: Iterable[str], options: PipelineOptions | None = None,
         while True:
             records = watcher.poll(final=True)
             events = extract_events(rules, records, stats)
-            detector.process(events.iter_rows(named=True))
+            detector.process_frame(events)
             if progress is not None:
                 progress(stats, watcher.bytes_read)
             if not watcher.backlog:

@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import bisect
 import datetime as dt
+import json
+from array import array
 from dataclasses import dataclass, field
+
+import polars as pl
 
 from ckptwatch.detectors.events import LOADING_KINDS, Ev
 from ckptwatch.detectors.incident import EvidenceItem
@@ -24,36 +28,150 @@ def ev_key(ev: Ev) -> tuple:
     return (ev.ts, ev.source_id, ev.offset)
 
 
-@dataclass
-class RankProgress:
-    """One rank's progress lines in time order (kept sorted as they arrive, mostly appended),
-    so that "the first one after a time" and "the last step before a time" are binary
-    searches."""
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+#: progress lines of :meth:`JobState.add_metrics` held as a frame before they are filed by rank
+SETTLE_ROWS = 500_000
+#: a progress line without a step, in :attr:`RankProgress.step`
+NO_STEP = -(1 << 62)
+#: what else a progress line keeps, to be an :class:`Ev` again when a query returns it
+PAYLOAD = ("line", "attrs", "dedup_key", "rule_id", "job", "host", "rank", "local_rank", "pid", "path",
+           "ts_source", "source_kind")
 
-    events: list[Ev] = field(default_factory=list)
-    keys: list[tuple] = field(default_factory=list)
+
+def to_us(ts: dt.datetime) -> int:
+    """A UTC datetime as microseconds since the epoch (the resolution of Python's datetime)."""
+    return (ts - _EPOCH) // dt.timedelta(microseconds=1)
+
+
+def from_us(us: int) -> dt.datetime:
+    return _EPOCH + dt.timedelta(microseconds=us)
+
+
+class Payloads:
+    """The fields of a job's progress lines that only a returned line needs (its text,
+    attrs, labels: :data:`PAYLOAD`), kept as the polars frames they arrived in, each row
+    numbered job-wide. A line added one :class:`Ev` at a time keeps that Ev (a negative
+    number)."""
+
+    __slots__ = ("frames", "bases", "rows", "single")
+
+    def __init__(self) -> None:
+        self.frames: list[pl.DataFrame] = []
+        self.bases: list[int] = []  # job-wide number of each frame's first row
+        self.rows = 0
+        self.single: list[Ev] = []
+
+    def add_frame(self, frame: pl.DataFrame) -> int:
+        """Keep ``frame`` (:data:`PAYLOAD` columns); returns the number of its first row."""
+        base = self.rows
+        self.frames.append(frame.rechunk())
+        self.bases.append(base)
+        self.rows += frame.height
+        return base
+
+    def add_ev(self, ev: Ev) -> int:
+        self.single.append(ev)
+        return -len(self.single)
+
+    def ev(self, ref: int, ts_us: int, sid: str, offset: int, step: int) -> Ev:
+        """Row ``ref`` as an :class:`Ev` of kind ``metric``."""
+        if ref < 0:
+            return self.single[-ref - 1]
+        k = bisect.bisect_right(self.bases, ref) - 1
+        r = self.frames[k].row(ref - self.bases[k], named=True)
+        attrs = r["attrs"]
+        return Ev(ts=from_us(ts_us), kind="metric", job=r["job"], host=r["host"], rank=r["rank"],
+                  local_rank=r["local_rank"], pid=r["pid"], step=None if step == NO_STEP else step,
+                  path=r["path"], rule_id=r["rule_id"], source_id=sid, offset=offset, line=r["line"],
+                  dedup_key=r["dedup_key"] or f"{sid}:{offset}", ts_source=r["ts_source"] or "line",
+                  source_kind=r["source_kind"] or "log", attrs=json.loads(attrs) if attrs else {})
+
+
+class RankProgress:
+    """One rank's progress lines in time order, kept as arrays (event time in microseconds,
+    offset, step, the row of the rest in the job's :class:`Payloads`) and a list of source
+    ids (shared strings): a long job's hundreds of thousands of metric lines cost a few dozen
+    bytes each here rather than an :class:`Ev` each. "The first one after a time" and "the
+    last step before a time" are binary searches; a line becomes an :class:`Ev` again only
+    when a query returns it.
+
+    Blocks arrive mostly in order (appended); one that starts before the newest line kept
+    (a console read a poll behind a rank's own file) is merged into the tail."""
+
+    __slots__ = ("ts", "sid", "off", "step", "ref", "payloads")
+
+    def __init__(self, payloads: Payloads | None = None) -> None:
+        self.ts = array("q")  # event time, microseconds since the epoch, UTC
+        self.sid: list[str] = []
+        self.off = array("q")
+        self.step = array("q")  # NO_STEP: the line names none
+        self.ref = array("q")  # the line's row in ``payloads``
+        self.payloads = payloads or Payloads()
+
+    def __len__(self) -> int:
+        return len(self.ts)
 
     def add(self, ev: Ev) -> None:
         """Insert ``ev``; past :data:`MAX_PROGRESS` the oldest half goes."""
-        k = ev_key(ev)
-        if not self.keys or k >= self.keys[-1]:
-            self.keys.append(k)
-            self.events.append(ev)
+        self.extend([to_us(ev.ts)], [ev.source_id], [ev.offset], [NO_STEP if ev.step is None else ev.step],
+                    [self.payloads.add_ev(ev)])
+
+    def extend(self, ts: list[int], sid: list[str], off: list[int], step: list[int], ref) -> None:
+        """Insert a block of lines given column by column (``ts`` in microseconds, ``step``
+        :data:`NO_STEP` for none, ``ref`` their rows in :attr:`payloads`), sorted by
+        ``(ts, sid, off)``. Past :data:`MAX_PROGRESS` the oldest half goes."""
+        if not ts:
+            return
+        if self.ts and (ts[0], sid[0], off[0]) < (self.ts[-1], self.sid[-1], self.off[-1]):
+            self._merge(ts, sid, off, step, ref)
         else:
-            i = bisect.bisect_right(self.keys, k)
-            self.keys.insert(i, k)
-            self.events.insert(i, ev)
-        if len(self.events) > MAX_PROGRESS:
-            del self.events[: MAX_PROGRESS // 2]
-            del self.keys[: MAX_PROGRESS // 2]
+            self.ts.extend(ts)
+            self.sid.extend(sid)
+            self.off.extend(off)
+            self.step.extend(step)
+            self.ref.extend(ref)
+        if len(self.ts) > MAX_PROGRESS:
+            cut = len(self.ts) - MAX_PROGRESS + MAX_PROGRESS // 2
+            del self.ts[:cut], self.sid[:cut], self.off[:cut], self.step[:cut], self.ref[:cut]
+
+    def _merge(self, ts, sid, off, step, ref) -> None:
+        """Merge an out-of-order block with the kept lines from the block's first time on."""
+        i = bisect.bisect_left(self.ts, ts[0])
+        rows = sorted([*zip(self.ts[i:], self.sid[i:], self.off[i:], self.step[i:], self.ref[i:]),
+                       *zip(ts, sid, off, step, ref)], key=lambda r: (r[0], r[1], r[2]))
+        del self.ts[i:], self.sid[i:], self.off[i:], self.step[i:], self.ref[i:]
+        for column, values in zip((self.ts, self.sid, self.off, self.step, self.ref), zip(*rows)):
+            column.extend(values)
+
+    def key(self, i: int) -> tuple:
+        """``(ts, source_id, offset)`` of line ``i``, as :func:`ev_key` gives it."""
+        return (from_us(self.ts[i]), self.sid[i], self.off[i])
+
+    def ev(self, i: int) -> Ev:
+        """Line ``i`` as an :class:`Ev`."""
+        return self.payloads.ev(self.ref[i], self.ts[i], self.sid[i], self.off[i], self.step[i])
+
+    @property
+    def events(self) -> list[Ev]:
+        """Every kept line as an :class:`Ev`, in time order."""
+        return [self.ev(i) for i in range(len(self.ts))]
+
+    def _index(self, key: tuple) -> int:
+        """How many kept lines come before ``key`` (``(ts, source_id, offset)``, ts a datetime)."""
+        us = to_us(key[0])
+        i = bisect.bisect_left(self.ts, us)
+        rest = key[1:]
+        while i < len(self.ts) and self.ts[i] == us and (self.sid[i], self.off[i]) < rest:
+            i += 1
+        return i
 
     def last_step_before(self, key: tuple) -> tuple[tuple, int] | None:
         """``(key, step)`` of the latest line with a step before ``key``, or None."""
-        i = bisect.bisect_left(self.keys, key)
+        i = self._index(key)
         while i > 0:
             i -= 1
-            if self.events[i].step is not None:
-                return self.keys[i], self.events[i].step  # type: ignore[return-value]
+            if self.step[i] != NO_STEP:
+                return self.key(i), self.step[i]
         return None
 
     def first_after(self, start: Ev | None, first_ts: dt.datetime, step: int,
@@ -62,15 +180,16 @@ class RankProgress:
         UTC) with a step above ``step`` or none at all (None if there is none). Lines that
         share the start's time (undated lines inherit one) are after it only in a file where
         they come after it (``copies``: source_id -> offset of the save line in that file)."""
-        ts = start.ts if start is not None else first_ts
+        ts = to_us(start.ts if start is not None else first_ts)
         where = dict(copies)
         if start is not None:
             where.setdefault(start.source_id, start.offset)
-        for ev in self.events[bisect.bisect_left(self.keys, (ts,)):]:
-            if ev.ts == ts and not (ev.source_id in where and ev.offset > where[ev.source_id]):
+        for i in range(bisect.bisect_left(self.ts, ts), len(self.ts)):
+            if self.ts[i] == ts and not (self.sid[i] in where and self.off[i] > where[self.sid[i]]):
                 continue
-            if ev.step is None or ev.step > step:
-                return ev
+            s = self.step[i]
+            if s == NO_STEP or s > step:
+                return self.ev(i)
         return None
 
 
@@ -81,7 +200,6 @@ class JobState:
     job: str
     events: dict[str, Ev] = field(default_factory=dict)
     last_metric_step: dict[int, int] = field(default_factory=dict)
-    last_metric_ev: dict[int, Ev] = field(default_factory=dict)
     world_size: int | None = None
     pid_rank: dict[int, int] = field(default_factory=dict)
     rank_pid: dict[int, int] = field(default_factory=dict)
@@ -102,7 +220,12 @@ class JobState:
     #: its progress lines (``metric`` events, deduplicated) per rank, in time order, the newest
     #: :data:`MAX_PROGRESS` of each: a save without an end line ends at its rank's next one, a
     #: save line without a step takes the rank's last one's
-    progress_by_rank: dict[int, RankProgress] = field(default_factory=dict)
+    _progress: dict[int, RankProgress] = field(default_factory=dict)
+    #: batches of :meth:`add_metrics` not yet filed under their ranks (:meth:`_settle`)
+    _pending: list[pl.DataFrame] = field(default_factory=list)
+    #: the rest of each progress line, for the few a query returns
+    _payloads: Payloads = field(default_factory=Payloads)
+    _sids: dict[str, str] = field(default_factory=dict)
     #: implicit save ends found once (step, rank, dedup key of the start) -> the progress line: they
     #: stay found when that line is later dropped from a long job's progress
     implicit_memo: dict[tuple[int, int, str], Ev] = field(default_factory=dict)
@@ -128,7 +251,6 @@ class JobState:
             self._add_loss(ev, rank)
             if rank is not None and ev.step is not None and ev.step >= self.last_metric_step.get(rank, -1):
                 self.last_metric_step[rank] = ev.step
-                self.last_metric_ev[rank] = ev
             return True
         known = self.events.get(ev.dedup_key)
         if known is not None and ev.kind in ("save_start", "save_end"):
@@ -152,12 +274,99 @@ class JobState:
             self.integrity.append(ev)
         return True
 
+    def add_metrics(self, rows: pl.DataFrame, arrival: dt.datetime, *, ts_limit: dt.datetime | None = None) -> None:
+        """Record a batch of this job's progress lines (EVENT_SCHEMA rows of kind ``metric``,
+        none from ckptwatch's own rules) arrived at wall time ``arrival`` (UTC): what
+        :meth:`add` and :meth:`arrived` do for each, per batch. The ranks the batch names are
+        learned first, then each line is filed under its rank (:meth:`rank_of`)."""
+        if rows.is_empty():
+            return
+        limit_us = to_us(ts_limit) if ts_limit is not None else None
+        rows = rows.with_columns(_us=pl.col("ts").dt.epoch("us"), _i=pl.int_range(pl.len()))
+        dated = rows if limit_us is None else rows.filter(pl.col("_us") <= limit_us)
+        if not dated.is_empty():
+            newest = from_us(dated["_us"].max())
+            if self.max_ts is None or newest > self.max_ts:
+                self.max_ts = newest
+            for sid, us in dated.group_by("source_id").agg(pl.col("_us").max()).iter_rows():
+                ts, known = from_us(us), self.sources.get(sid)
+                self.sources[sid] = (ts if known is None or ts > known[0] else known[0], arrival)
+        labels = ["rank", "local_rank", "pid", "host"]
+        combos = rows.select(labels).unique(maintain_order=True)
+        probes = [Ev(ts=_EPOCH, kind="metric", job=self.job, host=host, rank=rank, local_rank=local, pid=pid,
+                     step=None, path=None, rule_id="", source_id="", offset=0, line="", dedup_key="")
+                  for rank, local, pid, host in combos.iter_rows()]
+        for probe in probes:
+            self._learn(probe)
+        resolved = combos.with_columns(_r=pl.Series([self.rank_of(p) for p in probes], dtype=pl.Int64))
+        rows = rows.join(resolved, on=labels, how="left", nulls_equal=True, maintain_order="left")
+        for rank, step in rows.filter(pl.col("_r").is_not_null() & pl.col("step").is_not_null()).group_by(
+                "_r").agg(pl.col("step").max()).iter_rows():
+            if step >= self.last_metric_step.get(rank, -1):
+                self.last_metric_step[rank] = step
+        self._add_losses(rows)
+        self._pending.append(rows.select(pl.col("_r").fill_null(0), "_us", "source_id", "offset", "step", *PAYLOAD))
+        if sum(p.height for p in self._pending) > SETTLE_ROWS:
+            self._settle()
+        self.last_arrival = arrival
+
+    def _settle(self) -> None:
+        """File the progress lines of :meth:`add_metrics` batches under their ranks: all
+        pending batches sorted at once (batches of different files overlap in time, and a
+        rank's lines inserted batch by batch would mostly be merges)."""
+        if not self._pending:
+            return
+        ordered = pl.concat(self._pending, how="vertical_relaxed").sort("_r", "_us", "source_id", "offset")
+        self._pending.clear()
+        base = self._payloads.add_frame(ordered.select(PAYLOAD))
+        intern = self._sids
+        ts, off = ordered["_us"].to_list(), ordered["offset"].to_list()
+        sid = [intern.setdefault(x, x) for x in ordered["source_id"].to_list()]
+        step = ordered["step"].fill_null(NO_STEP).to_list()
+        at = 0
+        for rank, n in ordered.group_by("_r", maintain_order=True).len().iter_rows():
+            bucket = self._progress.get(rank)
+            if bucket is None:
+                bucket = self._progress[rank] = RankProgress(self._payloads)
+            end = at + n
+            bucket.extend(ts[at:end], sid[at:end], off[at:end], step[at:end], range(base + at, base + end))
+            at = end
+
+    def _add_losses(self, rows: pl.DataFrame) -> None:
+        """:meth:`_add_loss` for a batch (``rows`` with their rank resolved in ``_r``), in arrival order."""
+        losses = rows.select(
+            "ts", "step", pl.coalesce("dedup_key", pl.format("{}:{}", "source_id", "offset")).alias("key"),
+            r=pl.col("_r").fill_null(-1),
+            loss=pl.col("attrs").str.json_path_match("$.loss").cast(pl.Float64, strict=False),
+        ).filter(pl.col("loss").is_not_null() & pl.col("step").is_not_null())
+        if losses.is_empty():
+            return
+        low = losses["r"].min()
+        if self._loss_rank is None or low < self._loss_rank:
+            if self._loss_rank is not None:
+                self.losses.clear()  # a lower rank showed up: follow it from now on
+                self._loss_seen.clear()
+            self._loss_rank = low
+        for ts, step, key, _, value in losses.filter(pl.col("r") == self._loss_rank).iter_rows():
+            if key not in self._loss_seen:  # console + rank file: once
+                self._loss_seen.add(key)
+                self.losses.append((ts, step, value))
+
+    @property
+    def progress_by_rank(self) -> dict[int, RankProgress]:
+        """The job's progress lines (``metric`` events, deduplicated) per rank, in time order,
+        the newest :data:`MAX_PROGRESS` of each: a save without an end line ends at its
+        rank's next one, a save line without a step takes the rank's last one's."""
+        self._settle()
+        return self._progress
+
     def _add_progress(self, ev: Ev, rank: int) -> None:
         """File ``ev`` under its rank (the same line read twice, console and rank file, may be
         kept twice: harmless for "the next progress line" and "the last step")."""
-        bucket = self.progress_by_rank.get(rank)
+        self._settle()
+        bucket = self._progress.get(rank)
         if bucket is None:
-            bucket = self.progress_by_rank[rank] = RankProgress()
+            bucket = self._progress[rank] = RankProgress(self._payloads)
         bucket.add(ev)  # past MAX_PROGRESS the oldest half goes: their saves' implicit ends are memoized
 
     @property

@@ -19,6 +19,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import polars as pl
+
 from ckptwatch.detectors import integrity_incidents, resume_incidents, save_incidents
 from ckptwatch.detectors.checkpoints import CheckpointRegistry, SaveFact, checkpoint_key
 from ckptwatch.detectors.regression import RegressionSettings, saver_windows
@@ -138,6 +140,45 @@ class Detector:
                 self._loading.add(job)
                 self._loads_dirty.add(job)
             elif ev.kind == "metric" and job in self._loading:
+                self._loads_dirty.add(job)  # losses after a resume: post_resume_regression
+        self.last_arrival = arrival
+
+    def process_frame(self, events: pl.DataFrame, *, now: dt.datetime | None = None) -> None:
+        """:meth:`process` for a frame of events (EVENT_SCHEMA columns), with the same result:
+        progress lines (kind ``metric``: nearly every event of a training log) are taken per
+        batch and per job (:meth:`JobState.add_metrics
+        <ckptwatch.detectors.jobstate.JobState.add_metrics>`), never as one :class:`Ev`
+        each; the other events go through :meth:`process` first, so the ranks they name are
+        known when the progress lines are filed."""
+        if events.is_empty():
+            return
+        bulk = (pl.col("kind") == "metric") & ~pl.col("rule_id").str.starts_with("ckptwatch.")
+        self.process(events.filter(~bulk).iter_rows(named=True), now=now)
+        metrics = events.filter(bulk)
+        if metrics.is_empty():
+            return
+        arrival = now or dt.datetime.now(dt.timezone.utc)
+        limit = arrival + MAX_AHEAD
+        self.stats.events += metrics.height
+        newest = metrics.filter(pl.col("ts") <= limit)["ts"].max()
+        if newest is not None and (self.max_ts is None or newest > self.max_ts):
+            self.max_ts = newest
+        metrics = metrics.with_columns(pl.col("job").fill_null(UNKNOWN_JOB))
+        for (job,), rows in metrics.group_by("job", maintain_order=True):
+            tomb = self.released.get(job)
+            if tomb is not None:
+                late = rows.filter(pl.col("ts") <= tomb[0])
+                self.stats.after_release += late.height
+                rows = rows.filter(pl.col("ts") > tomb[0])
+                if rows.is_empty():
+                    continue
+            state = self.jobs.get(job)
+            if state is None:
+                state = self.jobs[job] = JobState(job)
+                self.stats.jobs += 1
+            state.add_metrics(rows, arrival, ts_limit=limit)
+            self._dirty.add(job)
+            if job in self._loading:
                 self._loads_dirty.add(job)  # losses after a resume: post_resume_regression
         self.last_arrival = arrival
 

@@ -232,7 +232,7 @@ class DetectorMember:
         self.stats.events += events.height
         if len(offsets) == events.height:
             self.replay_starts[tp].note(events["job"].to_list(), offsets)
-        self.detectors[tp].process(events.iter_rows(named=True), now=now)
+        self.detectors[tp].process_frame(events, now=now)
         self.position[tp] = records[-1].offset + 1
 
     def replaying(self, tp: TopicPartition) -> bool:
