@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -68,14 +69,44 @@ def emit(reads: Sequence[Read], *, now: dt.datetime) -> pl.DataFrame:
     return pl.concat(frames) if frames else pl.DataFrame(schema=RECORD_SCHEMA)
 
 
+#: lines one sniff looks at; lines of a file after which "no label prefix" is final; its
+#: newest lines kept while undecided
+SNIFF_LINES, SNIFF_UNTIL, SNIFF_KEEP = 500, 5_000, 64
+_TASK_START = re.compile(prefix.TASK_PREFIX_RE)
+
+
+def _sniff(t: FileTail, lines: list[str]) -> None:
+    """Decide the file's label prefixes (:func:`prefix.sniff`) from its first lines; while
+    none is found (for its first :data:`SNIFF_UNTIL` lines), again from the first line that
+    looks labelled by srun (``N: ``) whenever new ones come: a Slurm output file starts with
+    the batch script's unlabelled banner, ``pip freeze`` or an environment dump, and a live
+    tail's first read may hold nothing else. Once found, a layout stays."""
+    if t.layout is not None and (prefix.labelled(t.layout) or t.sniffed >= SNIFF_UNTIL):
+        t.sniff_buf = []
+        return
+    if t.layout is None:
+        t.layout = dataclasses.replace(prefix.sniff(lines[:SNIFF_LINES]), template=t.line_prefix)
+        if prefix.labelled(t.layout):
+            return
+    t.sniffed += len(lines)
+    pool = lines if len(lines) >= SNIFF_LINES else (t.sniff_buf + lines)[-SNIFF_LINES:]
+    t.sniff_buf = pool[-SNIFF_KEEP:]
+    if not any(_TASK_START.match(x) for x in lines):
+        return
+    start = next(i for i, x in enumerate(pool) if _TASK_START.match(x))
+    again = prefix.sniff(pool[start:start + SNIFF_LINES])
+    if prefix.labelled(again):
+        t.layout = dataclasses.replace(again, template=t.line_prefix)
+        t.sniff_buf = []
+
+
 def _split(reads: Sequence[Read]) -> pl.DataFrame:
     """The reads' new lines (``_t``, ``offset``, ``line``), each file's hard-wrapped lines
     joined, prefixes split by the file's layout, with ``stream_key``; learns each file's
     layout (first lines) and rank map (torchrun's rendezvous lines)."""
     for r in reads:
-        t = r.tail
-        if t.layout is None and r.lines:
-            t.layout = dataclasses.replace(prefix.sniff([x for _, x in r.lines[:500]]), template=t.line_prefix)
+        if r.lines:
+            _sniff(r.tail, [x for _, x in r.lines])
     n = [len(r.lines) for r in reads]
     raw = pl.DataFrame(
         {"_t": [i for i, k in enumerate(n) for _ in range(k)],

@@ -73,6 +73,8 @@ TEE_RE = r"^\[(?P<role>[A-Za-z_][A-Za-z_-]*?)(?P<local_rank>\d+)\]:"
 RANK_RE = r"^\[rank(?P<rank>\d+)\]:[ ]?"
 DOUBLE_RANK_RE = r"^\[rank(?P<local>\d+)\]:\[rank(?P<rank>\d+)\]:"
 
+#: Slurm's own lines in a job's output (srun's, slurmstepd's): never labelled, whatever the tasks' lines are
+_SLURM_OWN = re.compile(r"(?:srun|slurmstepd|sbatch|salloc|slurmd)(?:\[\d+\])?: ")
 _GLOG_AGENT = r"[IWEF]\d{4} \d{2}:\d{2}:\d{2}\.\d+ +\d+ torch/distributed/"
 # words that start log lines as "WORD: text" and are not host names
 _NOT_HOSTS = {"info", "warning", "warn", "error", "debug", "critical", "fatal", "note", "notice", "trace",
@@ -127,9 +129,12 @@ def compile_line_prefix(template: str) -> str:
 def sniff(lines: list[str], *, min_share: float = 0.8) -> PrefixLayout:
     """Decide from a file's first lines (up to a few hundred) whether every line carries
     pdsh's ``host: `` or srun ``--label``'s ``N: `` prefix: at least ``min_share`` of the
-    non-blank lines do (pdsh: with host-like names: a digit, ``-`` or ``.``, or
-    ``localhost``). Prefixes this ambiguous are never read from a stray line."""
-    body = [ln for ln in lines if ln.strip()]
+    non-blank lines do (Slurm's own ``srun: ``/``slurmstepd: `` lines not counted; pdsh:
+    with host-like names: a digit, ``-`` or ``.``, or ``localhost``). srun's labels also
+    pass at half the lines when they name several task ids (the ``\r``-separated updates of
+    a task's progress bar are unlabelled). Prefixes this ambiguous are never read from a
+    stray line."""
+    body = [ln for ln in lines if ln.strip() and not _SLURM_OWN.match(ln)]
     if len(body) < 2:
         return PrefixLayout()
     need = max(2, int(len(body) * min_share))
@@ -140,10 +145,20 @@ def sniff(lines: list[str], *, min_share: float = 0.8) -> PrefixLayout:
     hostlike = [h for h in hosts if h.lower() not in _NOT_HOSTS and (
         any(c.isdigit() or c in "-." for c in h) or h == "localhost") and not h.isdigit()]
     rest = [ln[len(h) + 2:] for ln, h in zip(body, hosts, strict=False)] if len(hostlike) >= need else body
-    tasked = [task_re.sub("", ln, count=1) for ln in rest if task_re.match(ln)]
+    matches = [m for ln in rest if (m := task_re.match(ln))]
+    tasked = [m.string[m.end():] for m in matches]
+    # srun labels a line at its start only: the \r-separated updates of a progress bar, a
+    # task's unlabelled stray lines lower the share; several task ids are srun's mark
+    ids = {m.group("task") for m in matches}
+    task_prefix = len(tasked) >= max(2, int(len(rest) * min_share)) or (
+        len(tasked) >= max(4, len(rest) // 2) and len(ids) >= 2)
     launcher = any(re.match(TEE_RE, ln) and not ln.startswith("[rank") or re.match(_GLOG_AGENT, ln) for ln in tasked)
-    return PrefixLayout(host_prefix=len(hostlike) >= need, task_prefix=len(tasked) >= max(2, int(len(rest) * min_share)),
-                        task_is_launcher=launcher)
+    return PrefixLayout(host_prefix=len(hostlike) >= need, task_prefix=task_prefix, task_is_launcher=launcher)
+
+
+def labelled(layout: PrefixLayout) -> bool:
+    """The layout found a label prefix on the file's lines (pdsh, srun, host:rank)."""
+    return layout.host_prefix or layout.task_prefix or layout.host_rank_prefix
 
 
 def _json_fields(text: pl.Expr) -> dict[str, pl.Expr]:
@@ -290,9 +305,13 @@ def split_prefixes(df: pl.DataFrame, text_col: str = "line", *, layout: PrefixLa
                        + ([pl.col("_t_task")] if layout.task_prefix else [])
                        + ([pl.col("_hr_rank")] if layout.host_rank_prefix else [])
                        + ([pl.col("_u_rank").cast(pl.Int32, strict=False)] if "_u_rank" in extra else []))
+    # a lone ``[rankN]:`` with no writer's label (a console without --tee: the worker's own
+    # rank prefix, as on its uncaught-exception traceback) keeps two ranks' interleaved
+    # tracebacks apart
+    lone_only = pl.when(local.is_null() & task.is_null() & pl.coalesce(host_parts).is_null()).then(pl.col("_lone_rank"))
     stream = pl.concat_str([pl.coalesce(host_parts).fill_null(""), local.cast(pl.Utf8).fill_null(""),
-                            task.cast(pl.Utf8).fill_null(""), pl.col("_ray_pid").cast(pl.Utf8).fill_null("")],
-                           separator="|")
+                            task.cast(pl.Utf8).fill_null(""), pl.col("_ray_pid").cast(pl.Utf8).fill_null(""),
+                            lone_only.cast(pl.Utf8).fill_null("")], separator="|")
     node = pl.coalesce(pl.coalesce(host_parts), *([pl.col("_t_node")] if layout.task_prefix else []))
     is_j = pl.col("_j_head").is_not_null() & (pl.col("_j_head") != "")
     out = df.with_columns(

@@ -114,6 +114,9 @@ class FileTail:
         self.file_carry: dt.datetime | None = None
         self.line_prefix = line_prefix
         self.layout: prefix.PrefixLayout | None = None
+        #: while no label prefix is found: its newest lines, and how many were read (batch._sniff)
+        self.sniff_buf: list[str] = []
+        self.sniffed = 0
         self.rank_map: dict[str, int] = {}
         self._ambiguous_nodes: set[str] = set()
         self.stats = TailStats()
@@ -381,6 +384,7 @@ class FileTail:
         self.held, self.carry, self._digest = pl.DataFrame(), {}, hashlib.sha256()
         self.file_carry = None
         self.layout, self.rank_map, self._ambiguous_nodes = None, {}, set()
+        self.sniff_buf, self.sniffed = [], 0
         return flushed
 
     def _node_key(self) -> pl.Expr:
