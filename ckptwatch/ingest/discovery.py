@@ -29,6 +29,8 @@ class Found:
 
     path: str
     error: str | None = None
+    #: a compressed rotated log left alone (``archives`` off): reported, not read
+    archive: bool = False
 
 
 ARCHIVE_SUFFIXES = (".gz",)
@@ -38,7 +40,8 @@ def discover(paths: Iterable[str], *, archives: bool = False) -> list[Found]:
     """Expand files, directories and glob patterns into the files to read, in a stable
     order; each file once (by real path). ``archives``: take compressed rotated logs
     (``train.log.1.gz``) found in directories too (one-shot reads: a live tail has read
-    their lines before they were rotated and compressed)."""
+    their lines before they were rotated and compressed); without it they are listed with
+    ``archive`` set, to be reported."""
     skip = tuple(s for s in SKIP_SUFFIXES if not (archives and s in ARCHIVE_SUFFIXES))
     out: list[Found] = []
     seen: set[str] = set()
@@ -50,7 +53,11 @@ def discover(paths: Iterable[str], *, archives: bool = False) -> list[Found]:
             for root, dirs, files in os.walk(p, onerror=lambda e: out.append(Found(e.filename, str(e.strerror)))):
                 dirs[:] = sorted(d for d in dirs if not d.startswith(".") and not os.path.islink(os.path.join(root, d)))
                 for f in sorted(files):
-                    if f.startswith(".") or f.endswith(skip):
+                    if f.startswith("."):
+                        continue
+                    if f.endswith(skip):
+                        if f.endswith(ARCHIVE_SUFFIXES):
+                            out.append(Found(os.path.join(root, f), archive=True))
                         continue
                     candidates.append(os.path.join(root, f))
         elif any(c in p for c in "*?["):  # an existing path is taken literally, even with these

@@ -192,15 +192,38 @@ def _read_lines(source: str | BinaryIO, offset: int, *, final: bool, max_line_by
             res.next_offset = offset + pos
 
 
+#: bytes of text a log holds before a NUL, other than ASCII controls (tab, newlines, ESC of colours)
+_TEXT_CONTROLS = bytes(c for c in range(32) if c not in (9, 10, 13, 27)) + b"\x7f"
+
+
 def looks_binary(source: str | BinaryIO, sniff_bytes: int = 8192) -> bool:
     """True if the first ``sniff_bytes`` bytes of the file (a path or an open binary file)
-    hold a NUL byte (not a text log).
+    hold a NUL byte (not a text log), unless what comes before the first NUL is lines of
+    text: a log whose tail a crash left as NULs (the size reached the disk, the data did
+    not: ext4, XFS and NFS do this) is still a log, and so is one that starts with a run of
+    NULs (a writer without ``O_APPEND`` going on at its old offset after logrotate's
+    ``copytruncate``). Text here: at least one newline, valid
+    UTF-8 (a character cut at the NUL aside), no control bytes but tab, CR, LF and ESC.
 
     Raises OSError if the file cannot be read.
     """
     with _opened(source) as f:
         f.seek(0)
-        return b"\x00" in f.read(sniff_bytes)
+        head = f.read(sniff_bytes)
+    hole = head.startswith(b"\x00")  # copytruncate under a writer without O_APPEND: a hole, then its lines
+    if hole:
+        head = head.lstrip(b"\x00")
+    nul = head.find(b"\x00")
+    if nul < 0 and not hole:
+        return False
+    text = head[:nul] if nul >= 0 else head
+    if b"\n" not in text or text.translate(None, _TEXT_CONTROLS) != text:
+        return True
+    try:
+        text.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return e.start < len(text) - 3  # only a character cut short by the NULs is allowed
+    return False
 
 
 def _opened(source: str | BinaryIO) -> AbstractContextManager[BinaryIO]:

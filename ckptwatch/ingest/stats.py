@@ -27,6 +27,8 @@ class Stats:
     notes: dict[str, int] = field(default_factory=dict)
     lines_by_kind: dict[str, int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    #: compressed rotated logs found and not read (a live tail leaves them: it read their lines before)
+    archives_left: list[str] = field(default_factory=list)
     #: events of a job's own kinds that carry no job, and per job those that carry no rank
     #: (neither rank nor local rank), with a few of their files: see :meth:`label_warnings`
     no_job: int = 0
@@ -67,6 +69,11 @@ class Stats:
                                  f"end, with no failure seen: {shown}{more}. If the job was still running, that is "
                                  "expected; if its logs stop there, treat those checkpoints as incomplete "
                                  "(`ckptwatch verify` tells)")
+        if self.archives_left:
+            n, some = len(self.archives_left), ", ".join(self.archives_left[:3])
+            out["archives"] = (f"{n} compressed log(s) not read (e.g. {some}): `run` follows live logs and leaves "
+                               "rotated archives alone (it read their lines before they were compressed); "
+                               "`ckptwatch diagnose` reads them, or decompress them into the watched directory")
         if self.no_job and self.files > 1:  # one file or a paste is one job by necessity
             files = ", ".join(self.unlabelled_files.get("", [])[:3])
             out["no-job"] = (f"{self.no_job} event(s) carry no job (e.g. in {files}): they are judged together as job "

@@ -262,7 +262,11 @@ class SourceWatcher:
         """The regular files under the paths now: ``(device, inode)`` -> (path, (size,
         mtime_ns)); the first path of a file wins."""
         at: dict[Key, tuple[str, tuple[int, int]]] = {}
+        archived = []
         for found in discovery.discover(self.paths, archives=self.archives):
+            if found.archive:
+                archived.append(found.path)
+                continue
             if found.error:
                 self._error(f"{found.path}: {found.error}")
                 continue
@@ -274,6 +278,7 @@ class SourceWatcher:
                 continue  # gone since it was listed: the next poll sees what replaced it
             if stat.S_ISREG(st.st_mode):
                 at.setdefault((st.st_dev, st.st_ino), (found.path, (st.st_size, st.st_mtime_ns)))
+        self.stats.archives_left = archived
         return at
 
     def _start(self, key: Key, path: str, sig: tuple[int, int], *, final: bool) -> FileTail | None:

@@ -1,0 +1,123 @@
+"""Layouts a new user's own logs had (tests/fixtures/wild/README.md), each once a missed or
+misplaced incident: srun's padded task labels, a Slurm file whose labels start after an
+unlabelled banner (read whole, or live), interleaved ``[rankN]:`` tracebacks in one console,
+a rank log whose tail a crash left as NUL bytes, and compressed archives `run` leaves alone."""
+
+from __future__ import annotations
+
+import datetime as dt
+import gzip
+import io
+import shutil
+from pathlib import Path
+
+import pytest
+
+from ckptwatch.ingest.layout import compile_template
+from ckptwatch.ingest.reader import looks_binary
+from ckptwatch.ingest.watcher import SourceWatcher
+from ckptwatch.pipeline import PipelineOptions, diagnose
+
+WILD = Path(__file__).parent / "fixtures" / "wild"
+T0 = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.timezone.utc)
+
+
+def only(incidents):
+    assert len(incidents) == 1, [(i.kind, i.step) for i in incidents]
+    return incidents[0].to_dict()
+
+
+def test_srun_labels_padded_to_the_widest_task_id_are_read():
+    inc = only(diagnose([str(WILD / "srun-label-padded.out")])[0])
+    assert (inc["kind"], inc["step"], inc["last_good_checkpoint"]["step"]) == ("interrupted_save", 1000, 500)
+    assert inc["root_cause"]["rank"] == 0 and "TIME LIMIT" in inc["root_cause"]["line"]
+
+
+@pytest.mark.parametrize("preamble", [0, 600])
+def test_srun_labels_after_an_unlabelled_banner_are_read(tmp_path, preamble):
+    """The labels start after the batch script's banner (and, here, 600 lines of ``pip freeze``)."""
+    freeze = "".join(f"package{i}==1.{i}.0\n" for i in range(preamble))
+    text = (WILD / "srun-banner.txt").read_text() + freeze + (WILD / "srun-label-body.txt").read_text()
+    (tmp_path / "slurm-8001.out").write_text(text)
+    inc = only(diagnose([str(tmp_path)])[0])
+    assert (inc["kind"], inc["step"], inc["root_cause"]["rank"], inc["last_good_checkpoint"]["step"]) == (
+        "interrupted_save", 200, 2, 100)
+    assert inc["checkpoint_state"]["finished"] == [0, 1, 3]
+
+
+def test_srun_labels_that_start_after_the_first_poll_are_read_live(tmp_path):
+    log = tmp_path / "slurm-8001.out"
+    log.write_text((WILD / "srun-banner.txt").read_text())
+    w = SourceWatcher([str(tmp_path)], flush_after=0)
+    first = w.poll(now=T0)
+    assert first.height == 3 and first["rank"].null_count() == 3
+    with log.open("a") as f:
+        f.write((WILD / "srun-label-body.txt").read_text())
+    later = w.poll(now=T0 + dt.timedelta(seconds=1))
+    w.close()
+    saves = later.filter(later["line"].str.contains("saving checkpoint at iteration     200"))
+    assert sorted(saves["rank"].to_list()) == [0, 1, 2, 3]
+    assert not saves["line"].str.starts_with("0: ").any()  # the label is taken off the text
+
+
+def test_interleaved_rank_tracebacks_stay_apart():
+    inc = only(diagnose([str(WILD / "rank-tracebacks-interleaved.log")])[0])
+    assert inc["kind"] == "storage_failure_during_save" and inc["step"] == 400
+    assert inc["root_cause"]["rank"] == 1 and "No space left on device" in inc["root_cause"]["line"]
+    w = SourceWatcher([str(WILD / "rank-tracebacks-interleaved.log")], flush_after=0)
+    records = w.poll(final=True, now=T0)
+    w.close()
+    tracebacks = records.filter(records["line"].str.starts_with("Traceback"))
+    assert sorted(tracebacks["rank"].to_list()) == [1, 3]
+    by_rank = dict(zip(tracebacks["rank"].to_list(), tracebacks["line"].to_list(), strict=True))
+    assert "OSError: [Errno 28]" in by_rank[1] and "DistBackendError" not in by_rank[1]
+    assert "DistBackendError" in by_rank[3] and "torch.save" not in by_rank[3]
+
+
+@pytest.mark.parametrize(("head", "binary"), [
+    (b"2026-03-01 12:00:00 INFO step 1\nSaving checkpoint\n" + b"\x00" * 4096, False),  # a crash's NUL tail
+    (b"\x00" * 5000 + b"step 1\nstep 2\n", False),  # copytruncate without O_APPEND: a hole, then lines
+    ("caf\u00e9\nstep 2 na\u00ef".encode()[:-1] + b"\x00\x00", False),  # a character cut by the NULs
+    (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", True),
+    (b"PK\x03\x04\x14\x00\x00\x00", True),  # a .pt / zip
+    (b"\x7fELF\x02\x01\x01\x00", True),
+    (b"\x00" * 100, True),
+    (b"no newline before the NUL\x00", True),
+    (b"\x00\x01binary", True),
+])
+def test_a_nul_tail_or_hole_is_a_log_and_binary_data_is_not(head, binary):
+    assert looks_binary(io.BytesIO(head)) is binary
+
+
+def test_a_rank_log_with_a_nul_tail_is_read(tmp_path):
+    """A node crashed in the save of step 200: rank 1's log ends in NULs. Its save start is read
+    (it was skipped whole as binary): the save of step 200 is open, rank 1's part of it too."""
+    job = tmp_path / "jobE"
+    job.mkdir()
+    for r in range(2):
+        text = ("2026-03-01 12:00:00,000 INFO step 100/1000 loss=1.0\n"
+                "2026-03-01 12:00:00,100 INFO Saving checkpoint at step 100 to /ckpt/jobE/step_100\n"
+                "2026-03-01 12:00:01,000 INFO Checkpoint saved to /ckpt/jobE/step_100\n"
+                "2026-03-01 12:01:00,000 INFO step 200/1000 loss=0.9\n"
+                "2026-03-01 12:01:00,100 INFO Saving checkpoint at step 200 to /ckpt/jobE/step_200\n")
+        tail = b"\x00" * 4096 if r == 1 else b"2026-03-01 12:01:01,000 INFO Checkpoint saved to /ckpt/jobE/step_200\n"
+        (job / f"rank{r}.log").write_bytes(text.encode() + tail)
+    incidents, stats = diagnose([str(tmp_path)], PipelineOptions(template=compile_template("{job}/rank{rank}.log")))
+    assert not stats.errors and stats.files == 2
+    assert [(j, s) for j, s, _ in stats.open_saves] == [("jobE", 200)]
+
+
+def test_run_names_the_compressed_logs_it_leaves_alone(tmp_path):
+    shutil.copy(WILD / "rank-tracebacks-interleaved.log", tmp_path / "console.log")
+    with gzip.open(tmp_path / "console.log.1.gz", "wt") as f:
+        f.write("an earlier console, rotated and compressed\n")
+    live = SourceWatcher([str(tmp_path)], flush_after=0)
+    live.poll(final=True, now=T0)
+    live.close()
+    assert live.stats.archives_left == [str(tmp_path / "console.log.1.gz")]
+    warning = live.stats.label_warning_items()["archives"]
+    assert warning.startswith("1 compressed log(s) not read (e.g. ") and "ckptwatch diagnose" in warning
+    once = SourceWatcher([str(tmp_path)], flush_after=0, archives=True)  # diagnose reads them
+    once.poll(final=True, now=T0)
+    once.close()
+    assert once.stats.archives_left == [] and once.stats.files == 2
