@@ -121,3 +121,17 @@ def test_run_names_the_compressed_logs_it_leaves_alone(tmp_path):
     once.poll(final=True, now=T0)
     once.close()
     assert once.stats.archives_left == [] and once.stats.files == 2
+
+
+@pytest.mark.parametrize(("oom_at", "cause"), [("12:02:01", "signal"), ("12:01:12", "oom_kill")])
+def test_an_oom_kill_after_the_step_was_cancelled_is_not_its_cause(tmp_path, oom_at, cause):
+    """srun's ``task 2: Killed`` carries no time (it has the line before's, 12:01:12.1); the
+    next dated line of its file, slurmstepd's ``CANCELLED AT 12:01:13``, bounds it. An OOM kill
+    on its node at 12:02:01 came after: another job's. One at 12:01:12 is its cause."""
+    (tmp_path / "slurm-8001.out").write_text((WILD / "srun-banner.txt").read_text()
+                                             + (WILD / "srun-label-body.txt").read_text())
+    kern = (WILD / "kern-oom-of-another-job.log").read_text().replace("12:02:01", oom_at)
+    (tmp_path / "kern.log").write_text(kern)
+    inc = only(diagnose([str(tmp_path)])[0])
+    assert (inc["kind"], inc["step"], inc["root_cause"]["class"], inc["root_cause"]["rank"]) == (
+        "interrupted_save", 200, cause, 2)

@@ -111,8 +111,14 @@ def attribute(failures: list[Ev], state: JobState, expected: set[int],
         return None
     unfinished = set(unfinished or ()) - {-1}
     agent_pids = {e.pid for e in failures if e.kind == "agent_signal" and e.pid is not None}
-    teardowns = [e.ts for e in failures if e.kind == "agent_signal" and e.pid is None]
-    teardown_at = min(teardowns) if teardowns else None
+    teardowns = [e for e in failures if e.kind == "agent_signal" and e.pid is None]
+    teardown = min(teardowns, key=lambda e: (e.ts, e.offset)) if teardowns else None
+
+    def after_teardown(e: Ev) -> bool:
+        """The launcher's teardown came first (in one file at one second: the line before it)."""
+        if teardown is None or teardown.ts > e.ts:
+            return False
+        return teardown.ts < e.ts or teardown.source_id != e.source_id or teardown.offset < e.offset
     reported_timeout: dict[int, Ev] = {}
     for e in failures:
         r = state.rank_of(e)
@@ -136,11 +142,11 @@ def attribute(failures: list[Ev], state: JobState, expected: set[int],
             hard.append((e.ts, _HARD_ORDER["signal"], e, "signal", rank, e.signal))
         elif e.died_of_signal:
             sent_by_agent = e.pid in agent_pids and e.signal in AGENT_SIGNALS
-            torn_down = teardown_at is not None and teardown_at <= e.ts and e.attrs.get("reporter") in ("srun", "launcher")
+            torn_down = after_teardown(e) and e.attrs.get("reporter") in ("srun", "launcher")
             own_timeout = rank in reported_timeout and reported_timeout[rank].ts <= e.ts
             if sent_by_agent or own_timeout or torn_down:
                 continue
-            if e.pid in oom_pids:
+            if e.pid in oom_pids or _oom_explains(e, failures, state):
                 continue  # the kernel's OOM line is the better evidence for this death
             if e.attrs.get("reporter") == "torchrun_summary" and e.pid in agent_reported:
                 continue  # the agent's own "failed (exitcode: …)" line is the more precise report
@@ -212,6 +218,30 @@ def attribute(failures: list[Ev], state: JobState, expected: set[int],
     collateral = sorted({r for e in collateral_events if (r := state.rank_of(e)) is not None} - {root.rank})
     return Attribution(root=root, collateral=collateral, root_events=root_events,
                        collateral_events=collateral_events)
+
+
+#: seconds a kernel's clock may run ahead of the line reporting the death its OOM kill caused
+_OOM_SKEW_S = 5.0
+
+
+def _oom_explains(death: Ev, failures: list[Ev], state: JobState) -> bool:
+    """A SIGKILL death without a pid the kernel named (srun's ``task 2: Killed``) is the OOM
+    kill of its host around it, unless that kill came after the death could have happened:
+    after the death's own time, or, for a line that carries none (dated by the line before
+    it), after the next dated line of its file (slurmstepd's ``CANCELLED AT ...``): an OOM
+    kill 49 s after the step was cancelled is another job's."""
+    if death.signal != "SIGKILL":
+        return False
+    host = death.host or state.host_of(state.rank_of(death))
+    if death.ts_source in ("line", "rule"):
+        latest: dt.datetime | None = death.ts
+    else:
+        latest = min((f.ts for f in failures if f.source_id == death.source_id and f.offset > death.offset
+                      and f.ts_source in ("line", "rule")), default=None)
+    skew = dt.timedelta(seconds=_OOM_SKEW_S)
+    return any(o.kind == "oom_kill" and (not o.host or not host or o.host == host)
+               and abs((o.ts - death.ts).total_seconds()) <= _SAME_FAILURE_S
+               and (latest is None or o.ts <= latest + skew) for o in failures)
 
 
 _SLURM_TASK = re.compile(r"/slurm/[^,\s]*?/task_(\d+)\b")
