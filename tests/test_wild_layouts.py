@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptwatch.ingest.layout import compile_template
+from ckptwatch.ingest.layout import compile_template, labels_for
 from ckptwatch.ingest.reader import looks_binary
 from ckptwatch.ingest.watcher import SourceWatcher
 from ckptwatch.pipeline import PipelineOptions, diagnose
@@ -135,3 +135,33 @@ def test_an_oom_kill_after_the_step_was_cancelled_is_not_its_cause(tmp_path, oom
     inc = only(diagnose([str(tmp_path)])[0])
     assert (inc["kind"], inc["step"], inc["root_cause"]["class"], inc["root_cause"]["rank"]) == (
         "interrupted_save", 200, cause, 2)
+
+
+@pytest.mark.parametrize(("path", "rank"), [
+    ("a/rank0.log", 0), ("a/rank_3.out", 3), ("x/train-rank-12.txt", 12), ("x/rank1.log.1", 1),
+    ("x/rank1.log-20261130.gz", 1), ("x/frank3.log", None), ("x/worker3.log", None), ("x/console.log", None),
+])
+def test_a_file_named_after_its_rank_is_that_ranks(path, rank):
+    assert labels_for(path).rank == rank
+
+
+def test_a_template_matches_a_rotated_copy_of_its_file():
+    labels = labels_for("logs/jobC/rank1.log.1", compile_template("{job}/rank{rank}.log"))
+    assert (labels.job, labels.rank) == ("jobC", 1)
+
+
+def test_rank_files_without_a_template():
+    """rank_0.out and rank_2.out: both finished step 250; rank 2's rank-less ENOSPC traceback
+    broke the save of step 500. One incident (there was a false one for step 250)."""
+    inc = only(diagnose([str(WILD / "deepspeed-rank-files")])[0])
+    assert (inc["kind"], inc["step"], inc["root_cause"]["rank"], inc["last_good_checkpoint"]["step"]) == (
+        "storage_failure_during_save", 500, 2, 250)
+
+
+@pytest.mark.parametrize("template", [None, "{job}/rank{rank}.log"])
+def test_a_copytruncate_copy_is_its_ranks(template):
+    options = PipelineOptions(template=compile_template(template) if template else None)
+    inc = only(diagnose([str(WILD / "copytruncate")], options)[0])
+    assert (inc["kind"], inc["job"], inc["step"], inc["root_cause"]["rank"]) == (
+        "storage_failure_during_save", "jobC" if template else "unknown", 200, 1)
+    assert inc["checkpoint_state"]["finished"] == [0]

@@ -9,10 +9,13 @@ Three sources, strongest first:
    ``<log_dir>/<run_id>_<8 random chars>/attempt_<n>/<local_rank>/{stdout,stderr}.log``
    (``run_id`` is the job, see ``torch.distributed.elastic.multiprocessing``; torchrun's
    default run id ``none`` is shared by every run, so then the directory name is);
-3. a Slurm batch output file, ``slurm-<jobid>.out`` / ``slurm-<jobid>_<task>.out``
+3. a file named after its rank (``rank3.log``, ``rank_3.out``, ``train-rank3.txt``; see
+   :data:`RANK_FILE_RE`): that rank, the job from its lines or the directory's other files;
+   a template's match and a rank file's name allow a rotated copy's suffix (``.1``, ``.gz``);
+4. a Slurm batch output file, ``slurm-<jobid>.out`` / ``slurm-<jobid>_<task>.out``
    (sbatch's default ``--output``): the job is ``slurm-<jobid>[_<task>]`` unless a line
    of the file names one (a torchrun ``run_id``, which its ``--log-dir`` files carry too);
-4. for a torchrun console file (``console.log`` or any file beside a ``--log-dir``), the
+5. for a torchrun console file (``console.log`` or any file beside a ``--log-dir``), the
    run id of the single torchrun run directory next to it (in ``torchrun_logs/``,
    ``logs/``, ``log_dir/``, right beside it, or in any directory beside it that holds
    ``<run_id>_<rand>/attempt_N/``, as ``accelerate launch --log_dir`` writes).
@@ -32,6 +35,12 @@ TORCHRUN_RE = re.compile(
     r"(?:^|/)(?P<run_id>[^/]+)_(?P<rand>[a-z0-9_]{8})/attempt_(?P<attempt>\d+)/(?P<local_rank>\d+)/"
     r"(?P<stream>stdout|stderr)\.log$"
 )
+#: what logrotate and its kin add to a rotated file's name (``.1``, ``-20261130``, ``.gz``): the
+#: copy is the same rank's file
+ROTATED = r"(?:[.-]\d{1,8})?(?:\.gz)?"
+#: a file named after its rank: ``rank3.log``, ``rank_3.out``, ``train-rank-3.txt`` (and their rotated copies)
+RANK_FILE_RE = re.compile(r"(?:^|/|[._-])rank[_-]?(?P<rank>\d{1,6})(?:\.(?:log|out|err|txt))?" + ROTATED + "$",
+                          re.IGNORECASE)
 SLURM_OUT_RE = re.compile(r"(?:^|/)(?P<job>slurm-\d+(?:_\d+)?)\.(?:out|err)$")
 _FIELD_RE = re.compile(r"\{(job|host|rank|local_rank|attempt)\}")
 _INT_FIELDS = ("rank", "local_rank", "attempt")
@@ -78,7 +87,7 @@ def compile_template(template: str) -> re.Pattern[str]:
         out.append(rf"(?P<{name}>\d+)" if name in _INT_FIELDS else rf"(?P<{name}>[^/]+?)")
         pos = m.end()
     out.append(re.escape(template[pos:]).replace(r"\*", "[^/]*"))
-    return re.compile(r"(?:^|/)" + "".join(out) + "$")
+    return re.compile(r"(?:^|/)" + "".join(out) + ROTATED + "$")
 
 
 def _torchrun_run_dirs(log_dir: str, *, with_attempts: bool = False) -> list[str]:
@@ -139,6 +148,9 @@ def labels_for(path: str, template: re.Pattern[str] | None = None) -> PathLabels
     m = SLURM_OUT_RE.search(norm)
     if m:
         return PathLabels(fallback_job=m.group("job"), source_kind="console")
+    m = RANK_FILE_RE.search(norm)
+    if m:
+        return PathLabels(rank=int(m.group("rank")), source_kind="worker")
     parent = os.path.dirname(path)
     run_ids = []
     for sub in ("torchrun_logs", "logs", "log_dir"):
