@@ -165,3 +165,24 @@ def test_a_copytruncate_copy_is_its_ranks(template):
     assert (inc["kind"], inc["job"], inc["step"], inc["root_cause"]["rank"]) == (
         "storage_failure_during_save", "jobC" if template else "unknown", 200, 1)
     assert inc["checkpoint_state"]["finished"] == [0]
+
+
+@pytest.mark.parametrize(("path", "pod"), [
+    ("/var/log/pods/ml_trainer-0_0b1c2d3e-aaaa-bbbb-cccc-0123456789ab/trainer/0.log", "trainer-0"),
+    ("/var/log/containers/trainer-0_ml_trainer-3f9c.log", "trainer-0"),
+    ("logs/jobK-worker-1.log", "jobK-worker-1"),
+    ("logs/my_job.log", None),
+])
+def test_a_pods_log_names_its_pod_as_host(path, pod):
+    assert labels_for(path).host == pod
+
+
+def test_two_pods_identical_lines_are_two_workers_lines():
+    """Without a template the pods' identical lines were taken for one line read twice, and
+    worker 1's failed save for worker 0's finished one."""
+    _, stats = diagnose([str(WILD / "k8s-pods")])
+    assert stats.duplicate_events == 0 and stats.events == 12
+    inc = only(diagnose([str(WILD / "k8s-pods")],
+                        PipelineOptions(template=compile_template("{job}-worker-{rank}.log")))[0])
+    assert (inc["kind"], inc["job"], inc["step"], inc["root_cause"]["rank"]) == (
+        "storage_failure_during_save", "jobK", 200, 1)

@@ -12,10 +12,11 @@ Three sources, strongest first:
 3. a file named after its rank (``rank3.log``, ``rank_3.out``, ``train-rank3.txt``; see
    :data:`RANK_FILE_RE`): that rank, the job from its lines or the directory's other files;
    a template's match and a rank file's name allow a rotated copy's suffix (``.1``, ``.gz``);
-4. a Slurm batch output file, ``slurm-<jobid>.out`` / ``slurm-<jobid>_<task>.out``
+4. a Kubernetes container log (:data:`K8S_POD_RES`): its pod is its host;
+5. a Slurm batch output file, ``slurm-<jobid>.out`` / ``slurm-<jobid>_<task>.out``
    (sbatch's default ``--output``): the job is ``slurm-<jobid>[_<task>]`` unless a line
    of the file names one (a torchrun ``run_id``, which its ``--log-dir`` files carry too);
-5. for a torchrun console file (``console.log`` or any file beside a ``--log-dir``), the
+6. for a torchrun console file (``console.log`` or any file beside a ``--log-dir``), the
    run id of the single torchrun run directory next to it (in ``torchrun_logs/``,
    ``logs/``, ``log_dir/``, right beside it, or in any directory beside it that holds
    ``<run_id>_<rand>/attempt_N/``, as ``accelerate launch --log_dir`` writes).
@@ -41,6 +42,15 @@ ROTATED = r"(?:[.-]\d{1,8})?(?:\.gz)?"
 #: a file named after its rank: ``rank3.log``, ``rank_3.out``, ``train-rank-3.txt`` (and their rotated copies)
 RANK_FILE_RE = re.compile(r"(?:^|/|[._-])rank[_-]?(?P<rank>\d{1,6})(?:\.(?:log|out|err|txt))?" + ROTATED + "$",
                           re.IGNORECASE)
+#: Kubernetes container logs, whose pod is their host (its hostname): the kubelet's
+#: ``/var/log/pods/<namespace>_<pod>_<uid>/<container>/<restart>.log``, the node's
+#: ``/var/log/containers/<pod>_<namespace>_<container>-<container id>.log`` symlinks, and a
+#: ``kubectl logs <pod> > <pod>.log`` of a PyTorchJob / MPIJob pod (``<job>-worker-3``)
+K8S_POD_RES = (
+    re.compile(r"(?:^|/)[a-z0-9][a-z0-9-]*_(?P<pod>[a-z0-9][a-z0-9.-]*)_[0-9a-f-]{8,}/[^/]+/\d+\.log" + ROTATED + "$"),
+    re.compile(r"(?:^|/)(?P<pod>[a-z0-9][a-z0-9.-]*)_[a-z0-9][a-z0-9-]*_[a-z0-9][a-z0-9-]*-[0-9a-f]{4,64}\.log$"),
+    re.compile(r"(?:^|/)(?P<pod>[A-Za-z0-9][\w.-]*-(?:master|worker|launcher)-\d+)(?:\.(?:log|out|txt))?" + ROTATED + "$"),
+)
 SLURM_OUT_RE = re.compile(r"(?:^|/)(?P<job>slurm-\d+(?:_\d+)?)\.(?:out|err)$")
 _FIELD_RE = re.compile(r"\{(job|host|rank|local_rank|attempt)\}")
 _INT_FIELDS = ("rank", "local_rank", "attempt")
@@ -151,6 +161,10 @@ def labels_for(path: str, template: re.Pattern[str] | None = None) -> PathLabels
     m = RANK_FILE_RE.search(norm)
     if m:
         return PathLabels(rank=int(m.group("rank")), source_kind="worker")
+    for pod_re in K8S_POD_RES:
+        m = pod_re.search(norm)
+        if m:
+            return PathLabels(host=m.group("pod"))
     parent = os.path.dirname(path)
     run_ids = []
     for sub in ("torchrun_logs", "logs", "log_dir"):

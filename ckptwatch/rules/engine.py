@@ -889,14 +889,15 @@ def _parse_captured_ts(values: pl.Series, context: pl.Series) -> pl.Series:
 
 def _dedup_keys(df: pl.DataFrame) -> list[str]:
     """The same worker line read twice (console with ``--tee`` and the per-rank file) gets
-    the same key: job, local rank (else rank), the record text and, when the record has
+    the same key: job, local rank (else rank, else host), the record text and, when the record has
     its own time, that time. Records without their own time (tracebacks) key on text alone,
     because the line before them differs between the two files; but in a file with no
     time at all (its mtime stands in) the file is part of the key."""
     keys = []
     cols = df.select("job", "host", "local_rank", "rank", "line", "ts", "ts_source", "source_id").iter_rows()
     for job, host, lr, rank, line, ts, src, sid in cols:
-        who = f"l{lr}" if lr is not None else (f"r{rank}" if rank is not None else "-")
+        # no rank: the host tells two workers' identical lines apart (a pod's own log file)
+        who = f"l{lr}" if lr is not None else (f"r{rank}" if rank is not None else (f"h{host}" if host else "-"))
         # a file with no time at all (print() logs): the same line in two such files is two events
         # (a restarted run printing its save line again), not one seen twice
         when = ts.isoformat() if src == "line" and ts is not None else (f"@{sid}" if src == "mtime" else "")
