@@ -186,3 +186,13 @@ def test_two_pods_identical_lines_are_two_workers_lines():
                         PipelineOptions(template=compile_template("{job}-worker-{rank}.log")))[0])
     assert (inc["kind"], inc["job"], inc["step"], inc["root_cause"]["rank"]) == (
         "storage_failure_during_save", "jobK", 200, 1)
+
+
+def test_a_local_rank_on_a_paste_of_the_second_node_is_that_nodes_rank(tmp_path):
+    """Only node1's console was pasted: its ranks are 4-7, so the agent's local rank 1 is rank 5
+    (it was taken for rank 1, a false collateral on a node not in the paste)."""
+    inc = only(diagnose([str(WILD / "second-node-paste.log")])[0])
+    assert (inc["kind"], inc["step"], inc["root_cause"]["rank"]) == ("storage_failure_during_save", 300, 5)
+    assert inc["collateral"] == [4, 6, 7]
+    timeline_ranks = {e["rank"] for e in inc["evidence"]}
+    assert 1 not in timeline_ranks and 5 in timeline_ranks

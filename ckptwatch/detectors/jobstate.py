@@ -449,12 +449,22 @@ class JobState:
                     return self.local_to_rank[key]
             hosts = set(self.rank_host.values())
             if len(hosts) <= 1 and not self.unlabelled_nodes:
-                return ev.local_rank
+                return self._on_the_one_node(ev.local_rank)
         # one process: its lines are rank 0's (a kernel line only when it names that process's pid)
         if self.single_process and (ev.attrs.get("scope") != "host" or ev.pid in self.pid_rank) and (
                 ev.pid is None or ev.pid in self.pid_rank or not self.pid_rank):
             return 0
         return None
+
+    def _on_the_one_node(self, local_rank: int) -> int:
+        """The global rank of a local rank when every rank seen is on one node: the local
+        rank itself, unless the node's ranks are a block that does not start at 0 (a paste
+        of the second node's console: ``node1:4:`` ... ``node1:7:``), where torchrun gives
+        local rank i the block's i-th rank."""
+        ranks = sorted(self.rank_host)
+        if ranks and ranks[0] > 0 and local_rank < len(ranks) and ranks[-1] - ranks[0] == len(ranks) - 1:
+            return ranks[0] + local_rank
+        return local_rank
 
     def host_of(self, rank: int | None) -> str | None:
         return self.rank_host.get(rank) if rank is not None else None
