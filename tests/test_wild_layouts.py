@@ -196,3 +196,16 @@ def test_a_local_rank_on_a_paste_of_the_second_node_is_that_nodes_rank(tmp_path)
     assert inc["collateral"] == [4, 6, 7]
     timeline_ranks = {e["rank"] for e in inc["evidence"]}
     assert 1 not in timeline_ranks and 5 in timeline_ranks
+
+
+def test_a_rendezvous_result_split_across_two_polls_still_maps_the_ranks(tmp_path):
+    log = tmp_path / "node1.log"
+    log.write_text((WILD / "torchrun-node1-part1.txt").read_text())
+    w = SourceWatcher([str(tmp_path)], flush_after=0)
+    w.poll(now=T0)
+    with log.open("a") as f:
+        f.write((WILD / "torchrun-node1-part2.txt").read_text())
+    later = w.poll(final=True, now=T0 + dt.timedelta(seconds=1))
+    w.close()
+    saves = later.filter(later["line"].str.contains("Saving checkpoint at step 300"))
+    assert sorted(zip(saves["local_rank"].to_list(), saves["rank"].to_list())) == [(0, 4), (1, 5), (2, 6), (3, 7)]

@@ -132,7 +132,7 @@ def _split(reads: Sequence[Read]) -> pl.DataFrame:
         parts = [prefix.split_prefixes(raw.filter(pl.col("_t").is_in(idx)), layout=layout, rank_prefix_is_local=local)
                  for (layout, local), idx in groups.items()]
         split = pl.concat(parts).sort("_t", "offset", maintain_order=True)
-    for i in rendezvous:
+    for i in _files_with(raw, "_ranks="):  # local_ranks= and global_ranks= (a poll may end between them)
         reads[i].tail.learn_rank_map(split.filter(pl.col("_t") == i))
     sids = pl.Series([r.tail.source_id for r in reads], dtype=pl.Utf8)
     return split.with_columns(

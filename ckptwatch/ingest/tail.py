@@ -119,6 +119,9 @@ class FileTail:
         self.sniffed = 0
         self.rank_map: dict[str, int] = {}
         self._ambiguous_nodes: set[str] = set()
+        #: the local ranks of the rendezvous result line last read per (node, agent pid), for
+        #: the global ranks line after it
+        self._last_local: dict[tuple[str, str | None], list[int]] = {}
         self.stats = TailStats()
         self.flush_after = flush_after
         self.superseded: list[rotation.Superseded] = []  # truncated generations; the owner takes them
@@ -383,7 +386,7 @@ class FileTail:
         self.source_id, self.head, self.offset, self._copy_of_path = None, None, 0, None
         self.held, self.carry, self._digest = pl.DataFrame(), {}, hashlib.sha256()
         self.file_carry = None
-        self.layout, self.rank_map, self._ambiguous_nodes = None, {}, set()
+        self.layout, self.rank_map, self._ambiguous_nodes, self._last_local = None, {}, set(), {}
         self.sniff_buf, self.sniffed = [], 0
         return flushed
 
@@ -410,7 +413,7 @@ class FileTail:
         (``<node>|<local>``) and by the agent's pid (``pid:<pid>|<local>``). A node label two
         agents disagree on (two nodes' agents in one unlabelled file) maps nothing: only the
         agents' own lines, by pid, are mapped then."""
-        if lines.is_empty() or not lines["line"].str.contains("global_ranks=", literal=True).any():
+        if lines.is_empty() or not lines["line"].str.contains("(?:local|global)_ranks=").any():
             return
         found = lines.select(
             self._node_key(),
@@ -418,7 +421,7 @@ class FileTail:
             pl.col("line").str.extract(_LOCAL_RANKS, 1).alias("loc"),
             pl.col("line").str.extract(_GLOBAL_RANKS, 1).alias("glo"),
         ).filter(pl.col("loc").is_not_null() | pl.col("glo").is_not_null())
-        last_local: dict[tuple[str, str | None], list[int]] = {}
+        last_local = self._last_local  # a poll may end between the two lines
         for node, pid, loc, glo in found.iter_rows():
             if loc is not None:
                 last_local[(node, pid)] = _ints(loc)
