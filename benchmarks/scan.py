@@ -29,7 +29,6 @@ import random
 import re
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,6 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from ckptwatch.rules import RuleSet  # noqa: E402
+from timing import timed  # noqa: E402  (benchmarks/timing.py)
 
 NOISE = [
     "{ts} [INFO] iteration {step:8d}/ 500000 | consumed samples: {samples:12d} | elapsed time per iteration (ms): "
@@ -123,15 +123,6 @@ def re_loop(paths: list[Path], rules: list[tuple[str, re.Pattern[str]]]) -> int:
     return hits
 
 
-def timed(cmd: list[str], **kw) -> tuple[float, int, str]:
-    """(wall seconds, peak RSS MB, stdout) of a subprocess, via /usr/bin/time."""
-    r = subprocess.run(["/usr/bin/time", "-f", "%e %M", *cmd], capture_output=True, text=True, **kw)
-    wall, kb = r.stderr.strip().splitlines()[-1].split()
-    if r.returncode not in (0, 1):
-        raise SystemExit(f"{cmd[:3]} exited {r.returncode}: {r.stderr[-500:]}")
-    return float(wall), int(kb) // 1024, r.stdout
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mb", type=int, default=200)
@@ -165,7 +156,7 @@ def main() -> None:
             env = {**os.environ, "PYTHONPATH": str(Path(a.before).resolve())}
             results["diagnose (before)"].append(
                 timed(cli + ["diagnose", "--json", *template, str(logs)], env=env, cwd=a.before)[:2])
-        wall, rss, out = timed(cli + ["diagnose", "--json", *template, str(logs)])
+        wall, rss, out, _ = timed(cli + ["diagnose", "--json", *template, str(logs)])
         results["diagnose"].append((wall, rss))
         found = sorted(f"{i['kind']} {i['job']} step {i['step']}" for i in json.loads(out)["incidents"])
         db = work / f"r{i}.duckdb"

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -29,15 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from ckptwatch.simulate import score  # noqa: E402
-
-
-def timed(cmd: list[str]) -> tuple[float, int, str, int]:
-    """(wall seconds, peak RSS MB, stdout, exit code) of a subprocess, via /usr/bin/time."""
-    r = subprocess.run(["/usr/bin/time", "-f", "%e %M", *cmd], capture_output=True, text=True)
-    wall, kb = r.stderr.strip().splitlines()[-1].split()
-    if r.returncode not in (0, 1):
-        raise SystemExit(f"{cmd[:4]} exited {r.returncode}: {r.stderr[-800:]}")
-    return float(wall), int(kb) // 1024, r.stdout, r.returncode
+from timing import timed  # noqa: E402  (benchmarks/timing.py)
 
 
 def main() -> None:

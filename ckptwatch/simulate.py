@@ -32,7 +32,7 @@ import datetime as dt
 import json
 import random
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -146,6 +146,25 @@ def generate(out: Path, spec: FleetSpec) -> dict[str, Any]:
     return truth
 
 
+Lines = list[tuple[dt.datetime, str]]
+
+
+@dataclass
+class _Job:
+    """One simulated job while it is written: its hosts (one per node) with their clock skew,
+    each rank's pid, and the lines so far, as (time, text) in write order: each node's agent's
+    and kernel's, each rank's."""
+
+    name: str
+    hosts: list[str]
+    skew: list[dt.timedelta]
+    pids: list[int]
+    world: int
+    agent: list[Lines] = field(default_factory=list)
+    worker: list[Lines] = field(default_factory=list)
+    kernel: list[Lines] = field(default_factory=list)
+
+
 def _write_job(logs: Path, job: str, t0: dt.datetime, spec: FleetSpec, failure: _Failure | None,
                rnd: random.Random) -> tuple[int, int]:
     """One job's files; returns (files, lines) written."""
@@ -156,10 +175,9 @@ def _write_job(logs: Path, job: str, t0: dt.datetime, spec: FleetSpec, failure: 
     skew = [dt.timedelta(milliseconds=rnd.randint(-spec.skew_ms, spec.skew_ms)) for _ in hosts]
     agent_pid = [rnd.randint(2000, 60000) for _ in hosts]
     pids = [agent_pid[r // rpn] + 7 + r % rpn for r in range(world)]
-    # per node: the agent's lines and each rank's lines, as (time, text) in write order
-    agent: list[list[tuple[dt.datetime, str]]] = [[] for _ in hosts]
-    worker: list[list[tuple[dt.datetime, str]]] = [[] for _ in range(world)]
-    kernel: list[list[tuple[dt.datetime, str]]] = [[] for _ in hosts]
+    it = _Job(job, hosts, skew, pids, world, agent=[[] for _ in hosts], worker=[[] for _ in range(world)],
+              kernel=[[] for _ in hosts])
+    agent, worker = it.agent, it.worker
     for n, host in enumerate(hosts):
         agent[n] += _agent_start(t0 + skew[n], job, host, n, nodes, rpn, agent_pid[n])
     end = spec.steps if failure is None else failure.step
@@ -182,7 +200,7 @@ def _write_job(logs: Path, job: str, t0: dt.datetime, spec: FleetSpec, failure: 
             w = t_save + skew[r // rpn] + dt.timedelta(milliseconds=rnd.randint(0, 6))
             worker[r].append((w, _SAVE.format(ts=_ms(w), rank=r, step=step, ckpt=ckpt)))
         if failure is not None and step == failure.step:
-            _inject(failure, t_save, job, hosts, skew, pids, agent, worker, kernel, spec, world, rnd)
+            _inject(failure, t_save, it, spec, rnd)
             break
         t = t_save + dt.timedelta(seconds=rnd.uniform(2.0, 4.0))
         for r in range(world):
@@ -194,16 +212,15 @@ def _write_job(logs: Path, job: str, t0: dt.datetime, spec: FleetSpec, failure: 
             agent[n].append((done, _glog(done, agent_pid[n], "I", "torch/distributed/elastic/agent/server/api.py:879",
                                          "[default] worker group successfully finished. Waiting 300 seconds for "
                                          "other agents to finish.")))
-    return _write_files(logs, job, hosts, spec, agent, worker, kernel)
+    return _write_files(logs, job, hosts, spec, agent, worker, it.kernel)
 
 
-def _inject(failure: _Failure, t_save: dt.datetime, job: str, hosts: list[str], skew: list[dt.timedelta],
-            pids: list[int], agent: list[list[tuple[dt.datetime, str]]], worker: list[list[tuple[dt.datetime, str]]],
-            kernel: list[list[tuple[dt.datetime, str]]], spec: FleetSpec, world: int,
-            rnd: random.Random) -> None:
+def _inject(failure: _Failure, t_save: dt.datetime, it: _Job, spec: FleetSpec, rnd: random.Random) -> None:
     """The failure of ``failure.rank`` in the save begun at ``t_save``, and what follows it:
     its agent SIGTERMs the node's other ranks and reports, the other nodes' ranks time out
     in the save's collective 10 minutes later and their agents report exitcode -6."""
+    job, hosts, skew, pids, world = it.name, it.hosts, it.skew, it.pids, it.world
+    agent, worker, kernel = it.agent, it.worker, it.kernel
     rpn = spec.ranks_per_node
     victim, vn = failure.rank, failure.rank // rpn
     hit = t_save + dt.timedelta(seconds=rnd.uniform(1.0, 2.5))

@@ -35,7 +35,6 @@ if TYPE_CHECKING:
 _JOB_MENTION = r"(?:run_id\s*:\s*|job_id=|job id )(?P<job>[A-Za-z0-9][\w.:-]*)"
 # a torchrun agent's glog line: its pid, and a worker's local rank it reports on
 # (torch/distributed/elastic/multiprocessing/api.py: "failed (exitcode: -9) local_rank: 2 (pid: …)")
-AGENT_PID = r"^\[?[IWEF]\d{3,4} \d{2}:\d{2}:\d{2}(?:\.\d+)? +(?P<pid>\d+) torch/distributed/"
 _AGENT_LOCAL = r"\blocal_rank: (?P<lr>\d+)"
 
 
@@ -181,9 +180,9 @@ def records_of(tails: Sequence[FileTail], lines: pl.DataFrame, flush: Sequence[b
     local = pl.coalesce(pl.col("_lab_local"), pl.col("prefix_local_rank"))
     rank_map = {f"{i}|{k}": v for i, t in enumerate(tails) for k, v in t.rank_map.items()}
     if rank_map:  # a worker's local rank, or the one an agent's line reports on, mapped
-        agent_pid = pl.col("line").str.extract(AGENT_PID, 1)
+        agent_pid = pl.col("line").str.extract(prefix.AGENT_PID, 1)
         agent_local = pl.when(agent_pid.is_not_null()).then(pl.col("line").str.extract(_AGENT_LOCAL, 1))
-        node = pl.coalesce(pl.col("prefix_node"), pl.col("_lab_host").fill_null(""))
+        node = prefix.node_key(pl.col("_lab_host"))
         keys = [pl.format("{}|pid:{}|{}", pl.col("_t"), agent_pid, agent_local),  # the agent's own pid first
                 pl.format("{}|{}|{}", pl.col("_t"), node, pl.coalesce(local.cast(pl.Utf8), agent_local))]
         rank += [k.replace_strict(rank_map, default=None, return_dtype=pl.Int32) for k in keys]

@@ -73,6 +73,8 @@ TEE_RE = r"^\[(?P<role>[A-Za-z_][A-Za-z_-]*?)(?P<local_rank>\d+)\]:"
 RANK_RE = r"^\[rank(?P<rank>\d+)\]:[ ]?"
 DOUBLE_RANK_RE = r"^\[rank(?P<local>\d+)\]:\[rank(?P<rank>\d+)\]:"
 
+#: a torchrun agent's own line (glog format): its pid (torch/distributed/elastic logging)
+AGENT_PID = r"^\[?[IWEF]\d{3,4} \d{2}:\d{2}:\d{2}(?:\.\d+)? +(?P<pid>\d+) torch/distributed/"
 #: Slurm's own lines in a job's output (srun's, slurmstepd's): never labelled, whatever the tasks' lines are
 _SLURM_OWN = re.compile(r"(?:srun|slurmstepd|sbatch|salloc|slurmd)(?:\[\d+\])?: ")
 _GLOG_AGENT = r"[IWEF]\d{4} \d{2}:\d{2}:\d{2}\.\d+ +\d+ torch/distributed/"
@@ -154,6 +156,13 @@ def sniff(lines: list[str], *, min_share: float = 0.8) -> PrefixLayout:
         len(tasked) >= max(4, len(rest) // 2) and len(ids) >= 2)
     launcher = any(re.match(TEE_RE, ln) and not ln.startswith("[rank") or re.match(_GLOG_AGENT, ln) for ln in tasked)
     return PrefixLayout(host_prefix=len(hostlike) >= need, task_prefix=task_prefix, task_is_launcher=launcher)
+
+
+def node_key(host_label: pl.Expr) -> pl.Expr:
+    """Which node a line is from, for a file's rank map (after :func:`split_prefixes`): its
+    host or srun-task label, else the file's host label (``host_label``, Utf8), else one node
+    per file (empty)."""
+    return pl.coalesce(pl.col("prefix_node"), host_label.fill_null(""))
 
 
 def labelled(layout: PrefixLayout) -> bool:

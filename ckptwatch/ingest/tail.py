@@ -390,11 +390,6 @@ class FileTail:
         self.sniff_buf, self.sniffed = [], 0
         return flushed
 
-    def _node_key(self) -> pl.Expr:
-        """Which node a line is from, for the rank map: its host or srun-task label, else the
-        file's host label, else one node per file."""
-        return pl.coalesce(pl.col("prefix_node"), pl.lit(self.labels.host or "")).alias("node")
-
     def multi_node(self, raw: pl.DataFrame | None) -> bool:
         """True if this file's torchrun agent runs a node whose local ranks are not the
         global ones (learned before, or in ``raw``: this poll's raw lines, None when they
@@ -416,8 +411,8 @@ class FileTail:
         if lines.is_empty() or not lines["line"].str.contains("(?:local|global)_ranks=").any():
             return
         found = lines.select(
-            self._node_key(),
-            pl.col("line").str.extract(batch.AGENT_PID, 1).alias("pid"),
+            prefix.node_key(pl.lit(self.labels.host, dtype=pl.Utf8)).alias("node"),
+            pl.col("line").str.extract(prefix.AGENT_PID, 1).alias("pid"),
             pl.col("line").str.extract(_LOCAL_RANKS, 1).alias("loc"),
             pl.col("line").str.extract(_GLOBAL_RANKS, 1).alias("glo"),
         ).filter(pl.col("loc").is_not_null() | pl.col("glo").is_not_null())
