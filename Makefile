@@ -33,3 +33,10 @@ clean:
 soak: setup
 	$(BIN)/python benchmarks/soak.py --seed 1 --rounds 20 --mode both
 	CKPTWATCH_FUZZ_EXAMPLES=100000 $(BIN)/python -m pytest -q tests/test_fuzz_inputs.py tests/test_integrity_fuzz.py
+
+# Issue 15: throughput, memory and live lag against fleet size, and their picture
+# (benchmarks/scaling.png; a few minutes at the default sizes, up to 10,000 ranks).
+.PHONY: scaling
+scaling: setup
+	$(BIN)/pip install --quiet -e '.[bench]'
+	$(BIN)/python benchmarks/scaling.py

@@ -89,17 +89,16 @@ def rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--files", type=int, default=10_000)
-    ap.add_argument("--backlog", type=int, default=55)
-    ap.add_argument("--rate", type=float, default=2000.0, help="lines/s written in total")
-    ap.add_argument("--seconds", type=float, default=30.0)
-    ap.add_argument("--interval", type=float, default=0.5, help="seconds between polls when idle")
-    a = ap.parse_args()
+def measure(files: int, backlog: int, rate: float, seconds: float, interval: float = 0.5, *,
+            echo: bool = True) -> dict[str, float]:
+    """Steps 1 and 2 of the module docstring for one fleet; returns the figures: ``start_s``,
+    ``start_lines_per_s``, ``idle_poll_s``, ``written``, ``read``, ``lag_p50``/``lag_p99``/
+    ``lag_max`` (seconds), ``poll_p50``/``poll_max`` (seconds), ``rss_mb``, ``lag_first_half``
+    and ``lag_second_half`` (medians, seconds)."""
+    say = print if echo else (lambda *_a, **_k: None)
     work = Path(tempfile.mkdtemp(prefix="ckptwatch-tail-"))
     try:
-        paths = write_fleet(work / "logs", a.files, a.backlog)
+        paths = write_fleet(work / "logs", files, backlog)
         rules = RuleSet.load()
         watcher = SourceWatcher([str(work / "logs")], template=compile_template("{job}/{host}/rank{rank}.log"))
         t0 = time.perf_counter()
@@ -109,15 +108,17 @@ def main() -> None:
             if not watcher.backlog:
                 break
         start = time.perf_counter() - t0
-        print(f"start: {a.files:,} files x {a.backlog} lines read in {start:.1f} s "
-              f"({a.files * a.backlog / start:,.0f} lines/s), {events:,} events, peak RSS {rss_mb():.0f} MB", flush=True)
+        say(f"start: {files:,} files x {backlog} lines read in {start:.1f} s "
+            f"({files * backlog / start:,.0f} lines/s), {events:,} events, peak RSS {rss_mb():.0f} MB", flush=True)
         t0 = time.perf_counter()
         rules.apply(watcher.poll())
-        print(f"idle poll (nothing written): {time.perf_counter() - t0:.2f} s", flush=True)
+        idle = time.perf_counter() - t0
+        say(f"idle poll (nothing written): {idle:.2f} s", flush=True)
 
         (work / "paths.txt").write_text("\n".join(map(str, paths)))
-        writer = subprocess.Popen([sys.executable, "-c", WRITER, str(work / "paths.txt"), str(a.rate),
-                                   str(a.seconds)], stdout=subprocess.PIPE, text=True)
+        began = dt.datetime.now(dt.timezone.utc)  # the writer's lines are dated from now on (the backlog's are not)
+        writer = subprocess.Popen([sys.executable, "-c", WRITER, str(work / "paths.txt"), str(rate),
+                                   str(seconds)], stdout=subprocess.PIPE, text=True)
         lags: list[float] = []
         polls: list[float] = []
         read = 0
@@ -128,7 +129,7 @@ def main() -> None:
             ev = rules.apply(watcher.poll())
             done = dt.datetime.now(dt.timezone.utc)
             polls.append(time.perf_counter() - t0)
-            ev = ev.filter(ev["kind"] == "metric")
+            ev = ev.filter((ev["kind"] == "metric") & (ev["ts"] >= began))  # a file's held last backlog line aside
             read += ev.height
             if ev.height:
                 lags += ((done - ev["ts"]).dt.total_microseconds() / 1e6).to_list()
@@ -138,25 +139,41 @@ def main() -> None:
                 if time.monotonic() - quiet_since > 3.0:
                     break
             if not watcher.backlog:
-                time.sleep(max(0.0, a.interval - polls[-1]))
+                time.sleep(max(0.0, interval - polls[-1]))
         written = int(writer.communicate()[0])
+        lines_read = watcher.stats.lines - lines_before
         watcher.close()
         ordered = list(lags)  # in arrival order: does the lag grow over the run?
         lags.sort()
         q = statistics.quantiles(lags, n=100) if len(lags) > 1 else [0.0] * 99
         half = len(lags) // 2
-        print(f"\n| {a.files:,} files, writer {a.rate:,.0f} lines/s for {a.seconds:.0f} s | |\n|---|---:|")
-        print(f"| lines written / read | {written:,} / {watcher.stats.lines - lines_before:,} |")
-        print(f"| events read | {read:,} |")
-        print(f"| lag p50 / p99 / max, s | {q[49]:.2f} / {q[98]:.2f} / {lags[-1] if lags else 0:.2f} |")
-        print(f"| poll + rules, s: p50 / max | {statistics.median(polls):.2f} / {max(polls):.2f} |")
-        print(f"| peak RSS, MB | {rss_mb():.0f} |")
-        if lags:
-            first, second = statistics.median(ordered[:half] or [0]), statistics.median(ordered[half:] or [0])
-            print(f"\nkept up: {'yes' if written == read else 'no'} "
-                  f"(median lag of the first half of the events {first:.2f} s, of the second half {second:.2f} s)")
+        return {"start_s": start, "start_lines_per_s": files * backlog / start, "idle_poll_s": idle,
+                "written": written, "read": read, "lines_read": lines_read, "lag_p50": q[49], "lag_p99": q[98],
+                "lag_max": lags[-1] if lags else 0.0, "poll_p50": statistics.median(polls), "poll_max": max(polls),
+                "rss_mb": rss_mb(), "lag_first_half": statistics.median(ordered[:half] or [0]),
+                "lag_second_half": statistics.median(ordered[half:] or [0])}
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--files", type=int, default=10_000)
+    ap.add_argument("--backlog", type=int, default=55)
+    ap.add_argument("--rate", type=float, default=2000.0, help="lines/s written in total")
+    ap.add_argument("--seconds", type=float, default=30.0)
+    ap.add_argument("--interval", type=float, default=0.5, help="seconds between polls when idle")
+    a = ap.parse_args()
+    m = measure(a.files, a.backlog, a.rate, a.seconds, a.interval)
+    print(f"\n| {a.files:,} files, writer {a.rate:,.0f} lines/s for {a.seconds:.0f} s | |\n|---|---:|")
+    print(f"| lines written / read | {m['written']:,} / {m['lines_read']:,} |")
+    print(f"| events read | {m['read']:,} |")
+    print(f"| lag p50 / p99 / max, s | {m['lag_p50']:.2f} / {m['lag_p99']:.2f} / {m['lag_max']:.2f} |")
+    print(f"| poll + rules, s: p50 / max | {m['poll_p50']:.2f} / {m['poll_max']:.2f} |")
+    print(f"| peak RSS, MB | {m['rss_mb']:.0f} |")
+    if m["read"]:
+        print(f"\nkept up: {'yes' if m['written'] == m['read'] else 'no'} (median lag of the first half of the "
+              f"events {m['lag_first_half']:.2f} s, of the second half {m['lag_second_half']:.2f} s)")
 
 
 if __name__ == "__main__":
