@@ -209,3 +209,25 @@ def test_a_rendezvous_result_split_across_two_polls_still_maps_the_ranks(tmp_pat
     w.close()
     saves = later.filter(later["line"].str.contains("Saving checkpoint at step 300"))
     assert sorted(zip(saves["local_rank"].to_list(), saves["rank"].to_list())) == [(0, 4), (1, 5), (2, 6), (3, 7)]
+
+
+def test_a_new_file_after_a_rename_rotation_keeps_the_job_and_rank_map(tmp_path):
+    """torchrun names its run id and the node's ranks once, at the top of its console: after
+    logrotate renamed node1.log to node1.log.1, the new node1.log's lines are still job-nccl's
+    and its local rank 1 is still rank 5 (they were job 'unknown', local rank as rank)."""
+    text = (WILD / "torchrun-node1-part1.txt").read_text() + (WILD / "torchrun-node1-part2.txt").read_text()
+    lines = text.splitlines(keepends=True)
+    cut = next(i for i, x in enumerate(lines) if "step 300/1000" in x)
+    log = tmp_path / "node1.log"
+    log.write_text("".join(lines[:cut]))
+    w = SourceWatcher([str(tmp_path)], flush_after=0)
+    first = w.poll(now=T0)
+    assert set(first["job"].drop_nulls()) == {"job-nccl"}
+    log.rename(tmp_path / "node1.log.1")
+    log.write_text("".join(lines[cut:]))
+    later = w.poll(final=True, now=T0 + dt.timedelta(seconds=1))
+    w.close()
+    new = later.filter(later["file"] == str(log))
+    assert new.height > 10 and new["job"].to_list() == ["job-nccl"] * new.height
+    saves = new.filter(new["line"].str.contains("Saving checkpoint at step 300"))
+    assert sorted(saves["rank"].to_list()) == [4, 5, 6, 7]

@@ -215,6 +215,19 @@ class FileTail:
             self._used_ids.add(sid)
         return self.source_id
 
+    def inherit(self, before: FileTail) -> None:
+        """Take what the lines of ``before`` taught, the file this one replaced at its path by
+        rotation (``console.log`` renamed to ``console.log.1``, a new ``console.log``): the
+        job a line named (torchrun's ``run_id`` comes once, at the top of the first file),
+        the label prefixes sniffed, and the node's local -> global rank map."""
+        if self.job is None:
+            self.job = before.job
+        if self.layout is None and before.layout is not None:
+            self.layout = before.layout
+            self.sniffed = before.sniffed
+        self.rank_map = {**before.rank_map, **self.rank_map}
+        self._last_local = {**before._last_local, **self._last_local}
+
     def resume(self, *, offset: int, job: str | None, generation: int | None = None,
                copy_of: SourceCheckpoint | None = None) -> None:
         """Continue a source known from before (a checkpoint, or a copy of a truncated file)

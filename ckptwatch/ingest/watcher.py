@@ -301,9 +301,12 @@ class SourceWatcher:
                 self.stats.files += 1
                 self.stats.skip("unreadable_file")
             return None
-        if tail.source_id is not None and not self._resume(tail) and not final and self._copy_in_progress(tail):
+        resumed = tail.source_id is not None and self._resume(tail)
+        if tail.source_id is not None and not resumed and not final and self._copy_in_progress(tail):
             tail.close()
             return None
+        if not resumed and (before := self._rotated_predecessor(tail)) is not None:
+            tail.inherit(before)
         self._tails[key] = tail
         self.stats.files += 1
         return tail
@@ -350,14 +353,27 @@ class SourceWatcher:
         self._retired.add(gen.checkpoint.source_id)  # no other file takes that id now
         return True
 
-    def _copy_in_progress(self, new: FileTail) -> bool:
-        """True if ``new`` may be a copy of a followed file that is still being made."""
-        assert new.handle is not None
-        if self._by_dir is None:  # once per poll: the followed files by directory (10,000 files, one pass)
+    def _followed_beside(self, path: str) -> list[FileTail]:
+        """The followed files in ``path``'s directory (indexed once a poll: 10,000 files, one pass)."""
+        if self._by_dir is None:
             self._by_dir = {}
             for tail in self._tails.values():
                 self._by_dir.setdefault(os.path.dirname(os.path.abspath(tail.path)), []).append(tail)
-        for tail in self._by_dir.get(os.path.dirname(os.path.abspath(new.path)), ()):
+        return self._by_dir.get(os.path.dirname(os.path.abspath(path)), [])
+
+    def _rotated_predecessor(self, new: FileTail) -> FileTail | None:
+        """A followed file of ``new``'s rotation family: one that was at ``new``'s path and was
+        renamed to a rotated name of it (``console.log`` -> ``console.log.1``), or, for a
+        ``new`` at a rotated name (a generation created and rotated away between two polls),
+        the file at the name it was rotated from. The newest one written; None if none."""
+        family = [t for t in self._followed_beside(new.path)
+                  if rotation.is_rotated_name(new.path, t.path) or rotation.is_rotated_name(t.path, new.path)]
+        return max(family, key=lambda t: (t.job is not None, t.last_write_ns() or 0), default=None)
+
+    def _copy_in_progress(self, new: FileTail) -> bool:
+        """True if ``new`` may be a copy of a followed file that is still being made."""
+        assert new.handle is not None
+        for tail in self._followed_beside(new.path):
             if (tail.head == new.head and tail.offset > 0 and tail.handle is not None
                     and rotation.is_rotated_name(tail.path, new.path)):
                 try:
