@@ -104,13 +104,19 @@ class _Failure:
     kind: str
     step: int
     rank: int
+    #: event time (ISO 8601, UTC, as the victim's host clock writes it) of its first line
+    at: str | None = None
 
 
-def generate(out: Path, spec: FleetSpec) -> dict[str, Any]:
+def generate(out: Path, spec: FleetSpec, *, collect: list[tuple[dt.datetime, Path, str]] | None = None
+             ) -> dict[str, Any]:
     """Write the fleet's logs under ``out/logs`` and ``out/truth.json``; returns the truth
     (``{"spec", "template", "files", "lines", "jobs": {job: {"incidents", "must_not",
-    "failure"}}}``). Raises ValueError for a bad spec (see :meth:`FleetSpec.check`) or an
-    ``out`` whose ``logs/`` already holds files (two fleets would mix)."""
+    "failure"}}}``; a failure's ``at`` is the event time of its first line). With
+    ``collect``, the lines are appended to it as ``(event time, file, text)`` instead of
+    written (:mod:`ckptwatch.simulate_live` writes them at a rate). Raises ValueError for a
+    bad spec (see :meth:`FleetSpec.check`) or an ``out`` whose ``logs/`` already holds files
+    (two fleets would mix)."""
     spec.check()
     rnd = random.Random(spec.seed)
     logs = out / "logs"
@@ -128,7 +134,7 @@ def generate(out: Path, spec: FleetSpec) -> dict[str, Any]:
             failure = _Failure(rnd.choice(spec.kinds), rnd.choice(saves),
                                rnd.randrange(spec.nodes_per_job * spec.ranks_per_node))
         t0 = spec.start + dt.timedelta(seconds=j * spec.stagger_s)
-        written = _write_job(logs, job, t0, spec, failure, rnd)
+        written = _write_job(logs, job, t0, spec, failure, rnd, collect)
         files += written[0]
         lines += written[1]
         incidents = []
@@ -166,7 +172,7 @@ class _Job:
 
 
 def _write_job(logs: Path, job: str, t0: dt.datetime, spec: FleetSpec, failure: _Failure | None,
-               rnd: random.Random) -> tuple[int, int]:
+               rnd: random.Random, collect: list | None = None) -> tuple[int, int]:
     """One job's files; returns (files, lines) written."""
     rpn, nodes = spec.ranks_per_node, spec.nodes_per_job
     world = rpn * nodes
@@ -212,7 +218,7 @@ def _write_job(logs: Path, job: str, t0: dt.datetime, spec: FleetSpec, failure: 
             agent[n].append((done, _glog(done, agent_pid[n], "I", "torch/distributed/elastic/agent/server/api.py:879",
                                          "[default] worker group successfully finished. Waiting 300 seconds for "
                                          "other agents to finish.")))
-    return _write_files(logs, job, hosts, spec, agent, worker, it.kernel)
+    return _write_files(logs, job, hosts, spec, agent, worker, it.kernel, collect)
 
 
 def _inject(failure: _Failure, t_save: dt.datetime, it: _Job, spec: FleetSpec, rnd: random.Random) -> None:
@@ -225,6 +231,7 @@ def _inject(failure: _Failure, t_save: dt.datetime, it: _Job, spec: FleetSpec, r
     victim, vn = failure.rank, failure.rank // rpn
     hit = t_save + dt.timedelta(seconds=rnd.uniform(1.0, 2.5))
     local = skew[vn]
+    failure.at = (hit + local).isoformat()
     exitcode = 1 if failure.kind == "enospc" else -9
     if failure.kind == "enospc":
         w = hit + local
@@ -339,32 +346,37 @@ def _ms(t: dt.datetime) -> str:
 
 def _write_files(logs: Path, job: str, hosts: list[str], spec: FleetSpec,
                  agent: list[list[tuple[dt.datetime, str]]], worker: list[list[tuple[dt.datetime, str]]],
-                 kernel: list[list[tuple[dt.datetime, str]]]) -> tuple[int, int]:
-    """Write one job's files in time order; returns (files, lines)."""
+                 kernel: list[list[tuple[dt.datetime, str]]], collect: list | None = None) -> tuple[int, int]:
+    """Write one job's files in time order (or add their lines to ``collect``); returns (files, lines)."""
     rpn = spec.ranks_per_node
     files = lines = 0
     for n, host in enumerate(hosts):
         d = logs / job / host
-        d.mkdir(parents=True, exist_ok=True)
+        if collect is None:
+            d.mkdir(parents=True, exist_ok=True)
         console = list(agent[n])
         for r in range(n * rpn, (n + 1) * rpn):
             if spec.layout == "console":
                 console += [(t, f"[default{r % rpn}]:{text}") for t, text in worker[r]]
             else:
-                lines += _write(d / f"rank{r}.log", worker[r])
+                lines += _write(d / f"rank{r}.log", worker[r], collect)
                 files += 1
-        lines += _write(d / "console.log", console)
+        lines += _write(d / "console.log", console, collect)
         files += 1
         if kernel[n]:
-            (logs / "kernel").mkdir(exist_ok=True)
-            lines += _write(logs / "kernel" / f"{host}.log", kernel[n])
+            if collect is None:
+                (logs / "kernel").mkdir(exist_ok=True)
+            lines += _write(logs / "kernel" / f"{host}.log", kernel[n], collect)
             files += 1
     return files, lines
 
 
-def _write(path: Path, rows: Iterable[tuple[dt.datetime, str]]) -> int:
+def _write(path: Path, rows: Iterable[tuple[dt.datetime, str]], collect: list | None = None) -> int:
     ordered = sorted(rows, key=lambda row: row[0])  # stable: a record's lines stay together
-    path.write_text("".join(text + "\n" for _, text in ordered))
+    if collect is not None:
+        collect += [(t, path, text) for t, text in ordered]
+    else:
+        path.write_text("".join(text + "\n" for _, text in ordered))
     return len(ordered)
 
 

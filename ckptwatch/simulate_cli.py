@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from ckptwatch.simulate import FAILURES, FleetSpec, generate, score
+from ckptwatch.simulate_live import write_live
 
 _out = Console(highlight=False, soft_wrap=True)  # commands stay on one line to paste
 _err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -41,6 +42,11 @@ def simulate_cmd(
     layout: Annotated[str, typer.Option("--layout", help="console: one torchrun --tee console per node; "
                                                          "rank-files: a file per rank beside it.")] = "console",
     seed: Annotated[int, typer.Option("--seed", help="Same seed, same fleet.")] = 1,
+    rate: Annotated[float | None, typer.Option("--rate", help="Write live: append the lines in event-time order "
+                                                            "at this many lines/s in total (and write "
+                                                            "OUT/live.json), instead of all at once.")] = None,
+    rotate_mb: Annotated[float | None, typer.Option("--rotate-mb", help="Live: rotate a file past this many MB "
+                                                                      "(renamed to <file>.1).")] = None,
     score_file: Annotated[Path | None, typer.Option("--score", help="Score this diagnose --json output against "
                                                                     "OUT/truth.json instead of writing.")] = None,
 ) -> None:
@@ -52,7 +58,12 @@ def simulate_cmd(
                      failures=failures, kinds=tuple(kind or FAILURES), layout=layout, seed=seed)
     try:
         spec.check()
-        truth = generate(out, spec)
+        if rate is not None:
+            _out.print(f"writing live at {rate:,.0f} lines/s into {out / 'logs'} (Ctrl-C stops)")
+            live = write_live(out, spec, rate=rate, rotate_bytes=int(rotate_mb * 2**20) if rotate_mb else None)
+            truth = live["truth"]
+        else:
+            truth = generate(out, spec)
     except ValueError as e:
         _err.print(f"[red]error:[/red] {escape(str(e))}")
         raise typer.Exit(2) from None

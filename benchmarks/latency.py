@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""Incident latency on a live simulated fleet, embedded (issue 15): from a failure's first
+line written to its incident row.
+
+    .venv/bin/python benchmarks/latency.py [--jobs 40] [--nodes 4] [--ranks 8] [--rate 2000] [--rotate-mb 2]
+
+1. Starts ``ckptwatch run --logs OUT/logs --db OUT/incidents.duckdb`` on an empty directory.
+2. ``ckptwatch simulate OUT --rate R`` writes a fleet (half the jobs with one failure in a
+   save) live, ``R`` lines/s in total, in event-time order, rotating files past
+   ``--rotate-mb``; it records the wall time each failure's first line was written
+   (``OUT/live.json``).
+3. Waits ``--settle`` seconds, stops ``run`` (SIGTERM) and reads the incidents table: per
+   injected failure, the first ``detected_ts`` of an incident of its job and step, minus the
+   time its first line was written; and the incidents scored against the fleet's truth.
+
+Prints the latency p50 / p99 / max next to the target (p99 <= 2 s) and the score. The
+latency includes ``run``'s poll interval (``--interval``) and its hold of a file's last
+record (``flush_after``, 2 s, while a traceback may go on).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import duckdb  # noqa: E402
+
+from ckptwatch.simulate import score  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--jobs", type=int, default=40)
+    ap.add_argument("--nodes", type=int, default=4, help="nodes per job")
+    ap.add_argument("--ranks", type=int, default=8, help="ranks per node")
+    ap.add_argument("--steps", type=int, default=120)
+    ap.add_argument("--rate", type=float, default=2000.0, help="lines/s written in total")
+    ap.add_argument("--rotate-mb", type=float, default=2.0)
+    ap.add_argument("--interval", type=float, default=0.5, help="run's seconds between polls")
+    ap.add_argument("--settle", type=float, default=20.0, help="seconds to wait after the last line")
+    a = ap.parse_args()
+    cli = [sys.executable, "-m", "ckptwatch"]
+    work = Path(tempfile.mkdtemp(prefix="ckptwatch-latency-"))
+    try:
+        (work / "logs").mkdir()
+        db = work / "incidents.duckdb"
+        run = subprocess.Popen(cli + ["run", "--logs", str(work / "logs"), "--db", str(db), "--interval",
+                                      str(a.interval)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        time.sleep(3.0)  # started and polling
+        t0 = time.monotonic()
+        subprocess.run(cli + ["simulate", str(work), "--jobs", str(a.jobs), "--nodes", str(a.nodes), "--ranks",
+                              str(a.ranks), "--steps", str(a.steps), "--rate", str(a.rate), "--rotate-mb",
+                              str(a.rotate_mb), "--seed", "1"], check=True, stdout=subprocess.DEVNULL)
+        wrote = time.monotonic() - t0
+        time.sleep(a.settle)
+        run.send_signal(signal.SIGINT)
+        err = run.communicate(timeout=120)[1]
+        if run.returncode not in (0, 1):
+            raise SystemExit(f"run exited {run.returncode}: {err[-800:]}")
+        live = json.loads((work / "live.json").read_text())
+        truth = json.loads((work / "truth.json").read_text())
+        con = duckdb.connect(str(db), read_only=True)
+        rows = con.execute("SELECT job, step, kind, root_cause_class, root_rank, detected_ts FROM incidents "
+                           "WHERE status <> 'superseded'").fetchall()
+        con.close()
+        first: dict[tuple[str, int], dt.datetime] = {}
+        for job, step, _kind, _cls, _rank, detected in rows:
+            key = (job, step)
+            first[key] = min(first.get(key, detected), detected)
+        lat, missing = [], []
+        for job, at in live["initiated"].items():
+            step = truth["jobs"][job]["failure"]["step"]
+            seen = first.get((job, step))
+            if seen is None:
+                missing.append(job)
+                continue
+            lat.append((seen - dt.datetime.fromisoformat(at)).total_seconds())
+        graded = score(truth, [{"kind": k, "job": j, "step": s, "root_cause": {"class": c, "rank": r}}
+                               for j, s, k, c, r, _ in rows])
+        lat.sort()
+        q = statistics.quantiles(lat, n=100, method="inclusive") if len(lat) > 1 else (lat * 99 or [0.0] * 99)
+        ranks = a.jobs * a.nodes * a.ranks
+        print(f"{a.jobs} jobs x {a.nodes} nodes x {a.ranks} ranks ({ranks:,} ranks): {live['lines']:,} lines "
+              f"written live at {a.rate:,.0f} lines/s in {wrote:.1f} s, {live['rotations']} rotations\n")
+        print("| embedded `run` | |\n|---|---:|")
+        print(f"| failures injected / with an incident | {len(live['initiated'])} / {len(lat)} |")
+        print(f"| right cause + rank / injected, false | {graded['exact']} / {graded['injected']}, {graded['false']} |")
+        print(f"| latency p50 / p99 / max, s (target p99 <= 2) | {q[49]:.2f} / {q[98]:.2f} / "
+              f"{lat[-1] if lat else 0:.2f} |")
+        if missing:
+            print(f"\nno incident for: {', '.join(missing[:10])}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
