@@ -50,6 +50,7 @@ def main() -> None:
     ap.add_argument("--rotate-mb", type=float, default=2.0)
     ap.add_argument("--interval", type=float, default=0.5, help="run's seconds between polls")
     ap.add_argument("--settle", type=float, default=20.0, help="seconds to wait after the last line")
+    ap.add_argument("--keep", action="store_true", help="keep the fleet and the database (the path is printed)")
     a = ap.parse_args()
     cli = [sys.executable, "-m", "ckptwatch"]
     work = Path(tempfile.mkdtemp(prefix="ckptwatch-latency-"))
@@ -102,7 +103,10 @@ def main() -> None:
         if missing:
             print(f"\nno incident for: {', '.join(missing[:10])}")
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if a.keep:
+            print(f"\nkept: {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -72,7 +72,7 @@ def test_a_live_run_finds_what_is_written_live(tmp_path):
                               "3000"], capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr
         assert "writing live at 3,000 lines/s" in out.stdout
-        time.sleep(12.0)  # the jobs' watermarks pass their saves with wall time
+        time.sleep(15.0)  # the jobs' watermarks pass their saves with wall time
     finally:
         run.send_signal(signal.SIGINT)
         run.wait(timeout=60)

@@ -231,3 +231,20 @@ def test_a_new_file_after_a_rename_rotation_keeps_the_job_and_rank_map(tmp_path)
     assert new.height > 10 and new["job"].to_list() == ["job-nccl"] * new.height
     saves = new.filter(new["line"].str.contains("Saving checkpoint at step 300"))
     assert sorted(saves["rank"].to_list()) == [4, 5, 6, 7]
+
+
+def test_a_rotated_family_first_read_in_one_poll_shares_the_job(tmp_path):
+    """Both generations already there at the first poll (rotated between two polls of a busy
+    watcher): the new node1.log, read in the same poll as node1.log.1 that names the job,
+    is job-nccl's too."""
+    text = (WILD / "torchrun-node1-part1.txt").read_text() + (WILD / "torchrun-node1-part2.txt").read_text()
+    lines = text.splitlines(keepends=True)
+    cut = next(i for i, x in enumerate(lines) if "step 300/1000" in x)
+    (tmp_path / "node1.log.1").write_text("".join(lines[:cut]))
+    (tmp_path / "node1.log").write_text("".join(lines[cut:]))
+    w = SourceWatcher([str(tmp_path)], flush_after=0)
+    records = w.poll(final=True, now=T0)
+    w.close()
+    new = records.filter(records["file"] == str(tmp_path / "node1.log"))
+    assert new.height > 10 and set(new["job"].to_list()) == {"job-nccl"}
+    assert sorted(w.stats.errors) == []

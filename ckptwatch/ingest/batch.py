@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
-from ckptwatch.ingest import multiline, prefix, timestamps
+from ckptwatch.ingest import multiline, prefix, rotation, timestamps
 from ckptwatch.schema import RECORD_SCHEMA, TS
 
 if TYPE_CHECKING:
@@ -230,11 +230,12 @@ def _info(tails: Sequence[FileTail], flush: Sequence[bool], mtimes: Sequence[dt.
         "_lab_local": [lab.local_rank for lab in labs],
         # a path label or a worker's file: the job is known, lines do not name it
         "_labelled": [lab.job is not None or lab.source_kind == "worker" for lab in labs],
-        "_job": [t.job for t in tails],
+        "_job": [t.job or t.family_job() for t in tails],
         "_fallback": [lab.fallback_job for lab in labs],
+        "_fam": [rotation.family(t.path) for t in tails],
     }, schema={"_t": pl.Int32, "_flush": pl.Boolean, "_sid": pl.Utf8, "_kind": pl.Utf8, "_file": pl.Utf8,
                "_mtime": TS, "_fcarry": TS, "_lab_host": pl.Utf8, "_lab_rank": pl.Int32, "_lab_local": pl.Int32,
-               "_labelled": pl.Boolean, "_job": pl.Utf8, "_fallback": pl.Utf8})
+               "_labelled": pl.Boolean, "_job": pl.Utf8, "_fallback": pl.Utf8, "_fam": pl.Utf8})
 
 
 def _learn_times(tails: Sequence[FileTail], records: pl.DataFrame, *, count_uptime: bool) -> None:
@@ -274,6 +275,9 @@ def _with_jobs(records: pl.DataFrame) -> pl.DataFrame:
     named = (pl.when(pl.col("_job").is_not_null()).then(pl.col("_named").fill_null(pl.col("_job")))
              .otherwise(pl.col("_named").backward_fill().over("_t")).fill_null(pl.col("_fallback")))
     records = records.with_columns(pl.when(~pl.col("_labelled")).then(named).alias("_named"))
+    # a new generation of a rotated file read in the same poll as the one that names the job
+    records = records.with_columns(pl.when(~pl.col("_labelled")).then(
+        pl.col("_named").fill_null(pl.col("_named").drop_nulls().first().over("_fam"))).alias("_named"))
     return records.with_columns(
         pl.coalesce(pl.col("prefix_job"), pl.when(pl.col("_labelled")).then(pl.col("_job")).otherwise(pl.col("_named")))
         .alias("job"))

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -63,6 +64,18 @@ def update_digest(digest: hashlib._Hash, f: BinaryIO, start: int, end: int) -> N
             break
         digest.update(block)
         pos += len(block)
+
+
+_FAMILY = re.compile(r"^(?P<base>.+?\.[A-Za-z]\w*)(?:[.-]\d{1,8})?(?:\.gz)?$")
+
+
+def family(path: str) -> str:
+    """The path a file and its rotated generations share: ``train.log``, ``train.log.1``,
+    ``train.log-20261130.gz`` -> ``<dir>/train.log``. Only a name with an extension loses a
+    suffix (``worker-1`` stays itself: it is not ``worker`` rotated)."""
+    d, name = os.path.split(os.path.abspath(path))
+    m = _FAMILY.match(name)
+    return os.path.join(d, m.group("base") if m else name)
 
 
 def is_rotated_name(original: str, candidate: str) -> bool:

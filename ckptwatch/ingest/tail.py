@@ -122,6 +122,8 @@ class FileTail:
         #: the local ranks of the rendezvous result line last read per (node, agent pid), for
         #: the global ranks line after it
         self._last_local: dict[tuple[str, str | None], list[int]] = {}
+        #: the files of its rotation family, itself included (set by the watcher; see inherit)
+        self.family: list[FileTail] = []
         self.stats = TailStats()
         self.flush_after = flush_after
         self.superseded: list[rotation.Superseded] = []  # truncated generations; the owner takes them
@@ -215,18 +217,24 @@ class FileTail:
             self._used_ids.add(sid)
         return self.source_id
 
-    def inherit(self, before: FileTail) -> None:
-        """Take what the lines of ``before`` taught, the file this one replaced at its path by
-        rotation (``console.log`` renamed to ``console.log.1``, a new ``console.log``): the
-        job a line named (torchrun's ``run_id`` comes once, at the top of the first file),
-        the label prefixes sniffed, and the node's local -> global rank map."""
-        if self.job is None:
-            self.job = before.job
-        if self.layout is None and before.layout is not None:
-            self.layout = before.layout
-            self.sniffed = before.sniffed
-        self.rank_map = {**before.rank_map, **self.rank_map}
-        self._last_local = {**before._last_local, **self._last_local}
+    def inherit(self, family: list[FileTail]) -> None:
+        """Take what the lines of the other files of its rotation family taught (this file
+        replaced one at its path: ``console.log`` renamed to ``console.log.1``, a new
+        ``console.log``; or it is a generation first seen under its rotated name): the label
+        prefixes sniffed and the node's local -> global rank map, the newest written first.
+        The job a line named (torchrun's ``run_id`` comes once, at the top of the first file)
+        is looked up when its records are made (:meth:`family_job`): the family may be read
+        for the first time in the same poll."""
+        for before in sorted(family, key=lambda t: t.last_write_ns() or 0):
+            if self.layout is None and before.layout is not None:
+                self.layout = before.layout
+                self.sniffed = before.sniffed
+            self.rank_map = {**before.rank_map, **self.rank_map}
+            self._last_local = {**before._last_local, **self._last_local}
+
+    def family_job(self) -> str | None:
+        """The job the lines of another file of its rotation family named, if any."""
+        return next((t.job for t in self.family if t is not self and t.job is not None), None)
 
     def resume(self, *, offset: int, job: str | None, generation: int | None = None,
                copy_of: SourceCheckpoint | None = None) -> None:

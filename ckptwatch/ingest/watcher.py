@@ -121,6 +121,9 @@ class SourceWatcher:
         self._unfollowed: dict[str, tuple[rotation.Superseded, int]] = {
             sid: (rotation.Superseded(c), 0) for sid, c in (committed or {}).items()}
         self._retired: set[str] = set()  # ids of dropped files: a new file reusing the inode gets another
+        #: per rotation family (rotation.family: console.log, console.log.1, ...), its files: a new
+        #: generation takes what their lines taught (FileTail.inherit, FileTail.family_job)
+        self._families: dict[str, list[FileTail]] = {}
         self._dropped: dict[Key, tuple[int, int]] = {}  # dropped file -> (size, mtime_ns) when dropped
         self._missing_since: dict[Key, dt.datetime] = {}  # followed file -> first poll no watched path had it
         self._gone: set[Key] = set()  # followed files no watched path points at any more (siblings looked at)
@@ -305,8 +308,11 @@ class SourceWatcher:
         if tail.source_id is not None and not resumed and not final and self._copy_in_progress(tail):
             tail.close()
             return None
-        if not resumed and (before := self._rotated_predecessor(tail)) is not None:
-            tail.inherit(before)
+        members = self._families.setdefault(rotation.family(path), [])
+        if not resumed and members:
+            tail.inherit(members)
+        members.append(tail)
+        tail.family = members
         self._tails[key] = tail
         self.stats.files += 1
         return tail
@@ -360,15 +366,6 @@ class SourceWatcher:
             for tail in self._tails.values():
                 self._by_dir.setdefault(os.path.dirname(os.path.abspath(tail.path)), []).append(tail)
         return self._by_dir.get(os.path.dirname(os.path.abspath(path)), [])
-
-    def _rotated_predecessor(self, new: FileTail) -> FileTail | None:
-        """A followed file of ``new``'s rotation family: one that was at ``new``'s path and was
-        renamed to a rotated name of it (``console.log`` -> ``console.log.1``), or, for a
-        ``new`` at a rotated name (a generation created and rotated away between two polls),
-        the file at the name it was rotated from. The newest one written; None if none."""
-        family = [t for t in self._followed_beside(new.path)
-                  if rotation.is_rotated_name(new.path, t.path) or rotation.is_rotated_name(t.path, new.path)]
-        return max(family, key=lambda t: (t.job is not None, t.last_write_ns() or 0), default=None)
 
     def _copy_in_progress(self, new: FileTail) -> bool:
         """True if ``new`` may be a copy of a followed file that is still being made."""
