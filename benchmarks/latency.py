@@ -35,9 +35,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import duckdb  # noqa: E402
-
 from ckptwatch.simulate import score  # noqa: E402
+from ckptwatch.sinks.duckdb_store import read_incidents  # noqa: E402
 
 
 def main() -> None:
@@ -72,14 +71,11 @@ def main() -> None:
             raise SystemExit(f"run exited {run.returncode}: {err[-800:]}")
         live = json.loads((work / "live.json").read_text())
         truth = json.loads((work / "truth.json").read_text())
-        con = duckdb.connect(str(db), read_only=True)
-        rows = con.execute("SELECT job, step, kind, root_cause_class, root_rank, detected_ts FROM incidents "
-                           "WHERE status <> 'superseded'").fetchall()
-        con.close()
+        stored = read_incidents(db)
         first: dict[tuple[str, int], dt.datetime] = {}
-        for job, step, _kind, _cls, _rank, detected in rows:
-            key = (job, step)
-            first[key] = min(first.get(key, detected), detected)
+        for inc in stored:
+            key = (inc["job"], inc["step"])
+            first[key] = min(first.get(key, inc["detected_ts"]), inc["detected_ts"])
         lat, missing = [], []
         for job, at in live["initiated"].items():
             step = truth["jobs"][job]["failure"]["step"]
@@ -88,8 +84,7 @@ def main() -> None:
                 missing.append(job)
                 continue
             lat.append((seen - dt.datetime.fromisoformat(at)).total_seconds())
-        graded = score(truth, [{"kind": k, "job": j, "step": s, "root_cause": {"class": c, "rank": r}}
-                               for j, s, k, c, r, _ in rows])
+        graded = score(truth, stored)
         lat.sort()
         q = statistics.quantiles(lat, n=100, method="inclusive") if len(lat) > 1 else (lat * 99 or [0.0] * 99)
         ranks = a.jobs * a.nodes * a.ranks

@@ -22,12 +22,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-import duckdb
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from ckptwatch.simulate import score  # noqa: E402
+from ckptwatch.sinks.duckdb_store import read_incidents  # noqa: E402
 from timing import timed  # noqa: E402  (benchmarks/timing.py)
 
 
@@ -62,12 +62,7 @@ def main() -> None:
         d = score(truth, json.loads(out)["incidents"])
         db = work / "run.duckdb"
         rwall, rrss, _, _ = timed(cli + ["run", "--logs", logs, "--db", str(db), "--once", *template])
-        con = duckdb.connect(str(db), read_only=True)
-        rows = con.execute("SELECT kind, job, step, root_cause_class, root_rank FROM incidents "
-                           "WHERE status <> 'superseded'").fetchall()
-        con.close()
-        r = score(truth, [{"kind": k, "job": j, "step": s, "root_cause": {"class": c, "rank": rk}}
-                          for k, j, s, c, rk in rows])
+        r = score(truth, read_incidents(db))
         print("\n| | wall, s | lines/s | peak RSS, MB | injected | right cause + rank | false | clean jobs with one |")
         print("|---|---:|---:|---:|---:|---:|---:|---:|")
         for name, (w, m, s) in {"diagnose": (wall, rss, d), "run --once": (rwall, rrss, r)}.items():

@@ -48,6 +48,7 @@ def write_live(out: Path, spec: FleetSpec, *, rate: float, rotate_bytes: int | N
     logs = out / "logs"
     initiated: dict[str, str] = {}
     handles: dict[Path, TextIO] = {}
+    jobs: dict[Path, str] = {}  # each file's job
     sizes: dict[Path, int] = {}
     rotations = 0
     per_tick = max(1, round(rate * TICK_S))
@@ -68,7 +69,7 @@ def write_live(out: Path, spec: FleetSpec, *, rate: float, rotate_bytes: int | N
                 f.write(text + "\n")
                 sizes[path] += len(text) + 1
                 touched.add(path)
-                job = _job_of(path.relative_to(logs))
+                job = jobs.get(path) or jobs.setdefault(path, _job_of(path.relative_to(logs)))
                 if job in pending and t >= pending[job]:
                     del pending[job]
                     initiated[job] = dt.datetime.now(dt.timezone.utc).isoformat()

@@ -9,12 +9,12 @@ import json
 import subprocess
 import sys
 
-import duckdb
 import pytest
 
 from ckptwatch.pipeline import PipelineOptions, diagnose
 from ckptwatch.ingest.layout import compile_template
 from ckptwatch.simulate import FAILURES, RANK_FILES_TEMPLATE, FleetSpec, generate, score
+from ckptwatch.sinks.duckdb_store import read_incidents
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
@@ -40,12 +40,7 @@ def test_rank_files_layout_through_run_once(tmp_path):
     db = tmp_path / "fleet.duckdb"
     r = cli("run", "--logs", str(tmp_path / "logs"), "--db", str(db), "--once", "--path-template", truth["template"])
     assert r.returncode == 0, r.stderr
-    con = duckdb.connect(str(db), read_only=True)
-    rows = con.execute("SELECT kind, job, step, root_cause_class, root_rank FROM incidents "
-                       "WHERE status <> 'superseded'").fetchall()
-    con.close()
-    got = [{"kind": k, "job": j, "step": s, "root_cause": {"class": c, "rank": rk}} for k, j, s, c, rk in rows]
-    result = score(truth, got)
+    result = score(truth, read_incidents(db))
     assert (result["injected"], result["exact"], result["false"], result["clean_with_incident"]) == (3, 3, 0, 0), result
     # and the same through diagnose with the template
     incidents, _ = diagnose([str(tmp_path / "logs")], PipelineOptions(template=compile_template(truth["template"])))

@@ -11,10 +11,9 @@ import subprocess
 import sys
 import time
 
-import duckdb
-
 from ckptwatch.simulate import FleetSpec, generate, score
 from ckptwatch.simulate_live import write_live
+from ckptwatch.sinks.duckdb_store import read_incidents
 
 SPEC = FleetSpec(jobs=4, nodes_per_job=2, ranks_per_node=4, failures=0.5, seed=5, steps=90, save_every=30)
 
@@ -78,13 +77,9 @@ def test_a_live_run_finds_what_is_written_live(tmp_path):
         run.wait(timeout=60)
     truth = json.loads((tmp_path / "truth.json").read_text())
     live = json.loads((tmp_path / "live.json").read_text())
-    con = duckdb.connect(str(db), read_only=True)
-    rows = con.execute("SELECT job, step, kind, root_cause_class, root_rank, detected_ts FROM incidents "
-                       "WHERE status <> 'superseded'").fetchall()
-    con.close()
-    graded = score(truth, [{"kind": k, "job": j, "step": s, "root_cause": {"class": c, "rank": r}}
-                           for j, s, k, c, r, _ in rows])
-    assert (graded["injected"], graded["exact"], graded["false"]) == (2, 2, 0), (graded, rows)
+    stored = read_incidents(db)
+    graded = score(truth, stored)
+    assert (graded["injected"], graded["exact"], graded["false"]) == (2, 2, 0), (graded, stored)
     for job, at in live["initiated"].items():  # each incident came after its first line was written
-        detected = min(d for j, *_, d in rows if j == job)
+        detected = min(i["detected_ts"] for i in stored if i["job"] == job)
         assert dt.timedelta(0) < detected - dt.datetime.fromisoformat(at) < dt.timedelta(seconds=30)

@@ -341,16 +341,9 @@ class JobState:
         ).filter(pl.col("loss").is_not_null() & pl.col("step").is_not_null())
         if losses.is_empty():
             return
-        low = losses["r"].min()
-        if self._loss_rank is None or low < self._loss_rank:
-            if self._loss_rank is not None:
-                self.losses.clear()  # a lower rank showed up: follow it from now on
-                self._loss_seen.clear()
-            self._loss_rank = low
-        for ts, step, key, _, value in losses.filter(pl.col("r") == self._loss_rank).iter_rows():
-            if key not in self._loss_seen:  # console + rank file: once
-                self._loss_seen.add(key)
-                self.losses.append((ts, step, value))
+        self._follow_loss_rank(losses["r"].min())
+        for ts, step, key, r, value in losses.filter(pl.col("r") == self._loss_rank).iter_rows():
+            self._append_loss(r, key, ts, step, value)
 
     @property
     def progress_by_rank(self) -> dict[int, RankProgress]:
@@ -383,14 +376,21 @@ class JobState:
         except (TypeError, ValueError):
             return
         r = -1 if rank is None else rank
+        self._follow_loss_rank(r)
+        self._append_loss(r, ev.dedup_key, ev.ts, ev.step, value)
+
+    def _follow_loss_rank(self, r: int) -> None:
+        """Follow rank ``r``'s losses (-1: no rank) if it is lower than the one followed."""
         if self._loss_rank is None or r < self._loss_rank:
             if self._loss_rank is not None:
                 self.losses.clear()  # a lower rank showed up: follow it from now on
                 self._loss_seen.clear()
             self._loss_rank = r
-        if r == self._loss_rank and ev.dedup_key not in self._loss_seen:  # console + rank file: once
-            self._loss_seen.add(ev.dedup_key)
-            self.losses.append((ev.ts, ev.step, value))
+
+    def _append_loss(self, r: int, key: str, ts: dt.datetime, step: int, value: float) -> None:
+        if r == self._loss_rank and key not in self._loss_seen:  # console + rank file: once
+            self._loss_seen.add(key)
+            self.losses.append((ts, step, value))
 
     def _learn(self, ev: Ev) -> None:
         for r in (ev.rank, ev.local_rank):

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
-from ckptwatch.ingest import multiline, prefix, rotation, timestamps
+from ckptwatch.ingest import multiline, prefix, timestamps
 from ckptwatch.schema import RECORD_SCHEMA, TS
 
 if TYPE_CHECKING:
@@ -74,25 +74,28 @@ SNIFF_LINES, SNIFF_UNTIL, SNIFF_KEEP = 500, 5_000, 64
 _TASK_START = re.compile(prefix.TASK_PREFIX_RE)
 
 
-def _sniff(t: FileTail, lines: list[str]) -> None:
+def _undecided(t: FileTail) -> bool:
+    """The file's label prefixes are still to be sniffed (see :func:`_sniff`)."""
+    return t.layout is None or (not prefix.labelled(t.layout) and t.sniffed < SNIFF_UNTIL)
+
+
+def _sniff(t: FileTail, lines: list[str], *, candidates: bool) -> None:
     """Decide the file's label prefixes (:func:`prefix.sniff`) from its first lines; while
     none is found (for its first :data:`SNIFF_UNTIL` lines), again from the first line that
-    looks labelled by srun (``N: ``) whenever new ones come: a Slurm output file starts with
-    the batch script's unlabelled banner, ``pip freeze`` or an environment dump, and a live
-    tail's first read may hold nothing else. Once found, a layout stays."""
-    if t.layout is not None and (prefix.labelled(t.layout) or t.sniffed >= SNIFF_UNTIL):
-        t.sniff_buf = []
-        return
+    looks labelled by srun (``N: ``) whenever new ones come (``candidates``: ``lines`` hold
+    one): a Slurm output file starts with the batch script's unlabelled banner, ``pip
+    freeze`` or an environment dump, and a live tail's first read may hold nothing else.
+    Once found, a layout stays."""
     if t.layout is None:
         t.layout = dataclasses.replace(prefix.sniff(lines[:SNIFF_LINES]), template=t.line_prefix)
         if prefix.labelled(t.layout):
             return
     t.sniffed += len(lines)
     pool = lines if len(lines) >= SNIFF_LINES else (t.sniff_buf + lines)[-SNIFF_LINES:]
-    t.sniff_buf = pool[-SNIFF_KEEP:]
-    if not any(_TASK_START.match(x) for x in lines):
+    t.sniff_buf = pool[-SNIFF_KEEP:] if t.sniffed < SNIFF_UNTIL else []
+    if not candidates:
         return
-    start = next(i for i, x in enumerate(pool) if _TASK_START.match(x))
+    start = next((i for i, x in enumerate(pool) if _TASK_START.match(x)), 0)
     again = prefix.sniff(pool[start:start + SNIFF_LINES])
     if prefix.labelled(again):
         t.layout = dataclasses.replace(again, template=t.line_prefix)
@@ -103,9 +106,6 @@ def _split(reads: Sequence[Read]) -> pl.DataFrame:
     """The reads' new lines (``_t``, ``offset``, ``line``), each file's hard-wrapped lines
     joined, prefixes split by the file's layout, with ``stream_key``; learns each file's
     layout (first lines) and rank map (torchrun's rendezvous lines)."""
-    for r in reads:
-        if r.lines:
-            _sniff(r.tail, [x for _, x in r.lines])
     n = [len(r.lines) for r in reads]
     raw = pl.DataFrame(
         {"_t": [i for i, k in enumerate(n) for _ in range(k)],
@@ -113,6 +113,11 @@ def _split(reads: Sequence[Read]) -> pl.DataFrame:
          "line": [x for r in reads for _, x in r.lines]},
         schema={"_t": pl.Int32, "offset": pl.Int64, "line": pl.Utf8},
     )
+    undecided = [i for i, r in enumerate(reads) if r.lines and _undecided(r.tail)]
+    if undecided:  # which of them hold a line srun may have labelled: one pass over the batch
+        labelled = _files_with(raw.filter(pl.col("_t").is_in(undecided)), prefix.TASK_PREFIX_RE, literal=False)
+        for i in undecided:
+            _sniff(reads[i].tail, [x for _, x in reads[i].lines], candidates=i in labelled)
     if raw.is_empty():
         return raw.with_columns(stream_key=pl.lit(None, dtype=pl.Utf8))
     raw = multiline.unwrap(raw, by="_t")
@@ -138,9 +143,9 @@ def _split(reads: Sequence[Read]) -> pl.DataFrame:
         pl.concat_str([pl.lit(sids).gather(pl.col("_t")), pl.lit(":"), pl.col("prefix_stream")]).alias("stream_key"))
 
 
-def _files_with(frame: pl.DataFrame, literal: str) -> set[int]:
-    """The ``_t`` of the files with a line containing ``literal``."""
-    hit = frame.filter(pl.col("line").str.contains(literal, literal=True))
+def _files_with(frame: pl.DataFrame, pattern: str, *, literal: bool = True) -> set[int]:
+    """The ``_t`` of the files with a line containing ``pattern`` (a regex unless ``literal``)."""
+    hit = frame.filter(pl.col("line").str.contains(pattern, literal=literal))
     return set(hit["_t"].unique().to_list()) if hit.height else set()
 
 
@@ -232,10 +237,10 @@ def _info(tails: Sequence[FileTail], flush: Sequence[bool], mtimes: Sequence[dt.
         "_labelled": [lab.job is not None or lab.source_kind == "worker" for lab in labs],
         "_job": [t.job or t.family_job() for t in tails],
         "_fallback": [lab.fallback_job for lab in labs],
-        "_fam": [rotation.family(t.path) for t in tails],
+        "_fam": [id(t.family) for t in tails],  # the watcher's rotation families (a lone file: its own)
     }, schema={"_t": pl.Int32, "_flush": pl.Boolean, "_sid": pl.Utf8, "_kind": pl.Utf8, "_file": pl.Utf8,
                "_mtime": TS, "_fcarry": TS, "_lab_host": pl.Utf8, "_lab_rank": pl.Int32, "_lab_local": pl.Int32,
-               "_labelled": pl.Boolean, "_job": pl.Utf8, "_fallback": pl.Utf8, "_fam": pl.Utf8})
+               "_labelled": pl.Boolean, "_job": pl.Utf8, "_fallback": pl.Utf8, "_fam": pl.Int64})
 
 
 def _learn_times(tails: Sequence[FileTail], records: pl.DataFrame, *, count_uptime: bool) -> None:

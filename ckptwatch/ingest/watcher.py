@@ -597,6 +597,8 @@ class SourceWatcher:
         if id(self._tails[key]) in self._pending_ids:  # its checkpoint needs its records made
             self._flush(self._now)
         tail = self._tails.pop(key)
+        if tail.job is None or any(t.job == tail.job for t in tail.family if t is not tail):
+            tail.family[:] = [t for t in tail.family if t is not tail]  # its family keeps one file that names the job
         self._retired.update(tail.used_ids)
         self._gone.discard(key)
         self._missing_since.pop(key, None)

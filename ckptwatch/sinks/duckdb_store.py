@@ -58,6 +58,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import duckdb
@@ -728,3 +729,18 @@ class Store:
             if rows:
                 self.con.executemany("INSERT OR REPLACE INTO kafka_offsets VALUES (?, ?, ?, ?)", rows)
         return added, n
+
+
+def read_incidents(path: str | Path, *, superseded: bool = False) -> list[dict[str, Any]]:
+    """The incidents stored in the database file at ``path`` (opened read-only: the writer
+    must have stopped), in the shape of ``diagnose --json``'s for what they share: ``id``,
+    ``kind``, ``status``, ``job``, ``step``, ``root_cause`` (``class`` and ``rank``) and
+    ``detected_ts`` (UTC). Superseded ones only with ``superseded``."""
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        rows = con.execute("SELECT id, kind, status, job, step, root_cause_class, root_rank, detected_ts "
+                           "FROM incidents" + ("" if superseded else " WHERE status <> 'superseded'")).fetchall()
+    finally:
+        con.close()
+    return [{"id": i, "kind": k, "status": st, "job": j, "step": s, "root_cause": {"class": c, "rank": r},
+             "detected_ts": d} for i, k, st, j, s, c, r, d in rows]
