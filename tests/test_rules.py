@@ -402,3 +402,14 @@ def test_an_impossible_yaml_date_is_named_not_a_traceback(tmp_path):
     with pytest.raises(RuleError) as e:
         load_rule_file(path)
     assert str(e.value) == f"{path}: not a usable rule pack: ValueError: day is out of range for month"
+
+
+def test_a_path_that_already_names_the_iteration_is_not_extended():
+    """Megatron-LM logs the checkpoint root ('... to /ckpt in torch_dist format'); a script that
+    logs the iteration's directory itself must not get '/iter_0000300' twice."""
+    from ckptwatch.rules.engine import _format_path
+    fmt = "{path}/iter_{step:07d}"
+    assert _format_path(fmt, "/ckpt", 300) == "/ckpt/iter_0000300"
+    assert _format_path(fmt, "/ckpt/", 300) == "/ckpt/iter_0000300"
+    assert _format_path(fmt, "/ckpt/iter_0000300", 300) == "/ckpt/iter_0000300"
+    assert _format_path(fmt, "/ckpt/iter_0000200", 300) == "/ckpt/iter_0000200/iter_0000300"

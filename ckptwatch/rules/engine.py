@@ -860,12 +860,18 @@ def _match_lines(lines: pl.Series, pattern: str, multi: pl.Series) -> list[int]:
 
 
 def _format_path(fmt: str, path: str | None, step: int | None) -> str | None:
+    """``path`` rewritten by the rule's ``path_format``; a path that already ends with what
+    the format appends (a script that logs ``.../iter_0000300`` where Megatron-LM logs the
+    root) is left as it is."""
     if path is None:
         return None
+    root = path.rstrip("/")
     try:
-        return fmt.format(path=path.rstrip("/"), step=step if step is not None else 0)
+        out = fmt.format(path=root, step=step if step is not None else 0)
     except (ValueError, KeyError, IndexError):
         return path
+    added = out[len(root):] if out.startswith(root) else ""
+    return root if added and root.endswith(added) else out
 
 
 def _rfc1123_to_iso(v: str | None) -> str | None:
