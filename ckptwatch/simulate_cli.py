@@ -71,7 +71,10 @@ def simulate_cmd(
         _err.print(f"[red]error:[/red] {escape(f'{out}: cannot write: {e.strerror or e}')}")
         raise typer.Exit(2) from None
     injected = sum(len(j["incidents"]) for j in truth["jobs"].values())
-    template = f" --path-template '{truth['template']}'" if truth["template"] else ""
+    # rotated consoles no longer hold the line that named their job (the first generation's top,
+    # rotated away): the directory names it
+    path_template = truth["template"] or ("{job}/*/*" if rate is not None and rotate_mb else None)
+    template = f" --path-template '{path_template}'" if path_template else ""
     _out.print(f"{_n(len(truth['jobs']), 'job')} x {_n(nodes, 'node')} x {_n(ranks, 'rank')}: "
                f"{truth['files']:,} files, {truth['lines']:,} lines in {out / 'logs'}; "
                f"{_n(injected, 'injected failure')} in {out / 'truth.json'}")

@@ -83,3 +83,21 @@ def test_a_live_run_finds_what_is_written_live(tmp_path):
     for job, at in live["initiated"].items():  # each incident came after its first line was written
         detected = min(i["detected_ts"] for i in stored if i["job"] == job)
         assert dt.timedelta(0) < detected - dt.datetime.fromisoformat(at) < dt.timedelta(seconds=30)
+
+
+def test_the_printed_diagnose_command_scores_a_rotated_fleet(tmp_path):
+    """Rotation takes away the console's top, where torchrun named the job: the printed
+    diagnose command names it by directory, and its diagnosis scores every failure."""
+    run = [sys.executable, "-m", "ckptwatch"]
+    out = subprocess.run(run + ["simulate", str(tmp_path), "--jobs", "4", "--nodes", "2", "--ranks", "4", "--steps",
+                                "90", "--save-every", "30", "--seed", "5", "--rate", "200000", "--rotate-mb", "0.02"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    line = next(x for x in out.stdout.splitlines() if x.startswith("diagnose:"))
+    assert "--path-template '{job}/*/*'" in line
+    assert json.loads((tmp_path / "live.json").read_text())["rotations"] > 0
+    d = subprocess.run(run + ["diagnose", "--json", "--path-template", "{job}/*/*", str(tmp_path / "logs")],
+                       capture_output=True, text=True, timeout=120)
+    (tmp_path / "d.json").write_text(d.stdout)
+    graded = score(json.loads((tmp_path / "truth.json").read_text()), json.loads(d.stdout)["incidents"])
+    assert (graded["injected"], graded["exact"], graded["false"]) == (2, 2, 0), graded
