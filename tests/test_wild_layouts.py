@@ -248,3 +248,12 @@ def test_a_rotated_family_first_read_in_one_poll_shares_the_job(tmp_path):
     new = records.filter(records["file"] == str(tmp_path / "node1.log"))
     assert new.height > 10 and set(new["job"].to_list()) == {"job-nccl"}
     assert sorted(w.stats.errors) == []
+
+
+def test_padded_srun_labels_are_never_glued_as_terminal_wraps():
+    """Rank 15's iteration lines are all one width, as a terminal's hard wrap would be; a
+    line that starts with a padded label (`` 0: saving …``) is a record of its own."""
+    inc = only(diagnose([str(WILD / "srun-16-tasks-fixed-width.out")])[0])
+    assert (inc["kind"], inc["step"], inc["last_good_checkpoint"]["step"]) == ("interrupted_save", 200, 100)
+    assert inc["checkpoint_state"]["started_not_finished"] == [0]
+    assert "TIME LIMIT" in inc["root_cause"]["line"]
