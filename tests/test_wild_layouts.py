@@ -257,3 +257,10 @@ def test_padded_srun_labels_are_never_glued_as_terminal_wraps():
     assert (inc["kind"], inc["step"], inc["last_good_checkpoint"]["step"]) == ("interrupted_save", 200, 100)
     assert inc["checkpoint_state"]["started_not_finished"] == [0]
     assert "TIME LIMIT" in inc["root_cause"]["line"]
+
+
+def test_a_checkpoint_saved_as_a_file_per_rank_is_named_by_its_directory():
+    inc = only(diagnose([str(WILD / "per-rank-torch-save.log")])[0])
+    assert (inc["kind"], inc["step"], inc["checkpoint_path"]) == ("storage_failure_during_save", 300, "/ckpt/step_300")
+    assert inc["last_good_checkpoint"]["path"] == "/ckpt/step_100"
+    assert inc["root_cause"]["rank"] == 1

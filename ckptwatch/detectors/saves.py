@@ -29,6 +29,8 @@ a node without a host label) is not expected to say anything.
 from __future__ import annotations
 
 import datetime as dt
+import os
+import re
 from dataclasses import dataclass, field
 
 from ckptwatch.detectors.events import FAILURE_KINDS, Ev
@@ -50,6 +52,7 @@ class SaveState:
     failed: dict[int, Ev] = field(default_factory=dict)
     expected: set[int] = field(default_factory=set)
     logged: set[int] = field(default_factory=set)  # ranks that printed a start or end line of it
+    paths: set[str] = field(default_factory=set)  # every path its lines named
 
     @property
     def done_ranks(self) -> set[int]:
@@ -81,6 +84,18 @@ def _better_path(a: str | None, b: str | None) -> str | None:
     if b is None:
         return a
     return a if len(a) >= len(b) else b
+
+
+def _per_rank_files_dir(paths: set[str]) -> str | None:
+    """The directory of a checkpoint written as a file per rank (``torch.save(state,
+    f"{dir}/model_rank{rank}.pt")`` in a plain loop, ``mp_rank_00_model_states.pt`` …): the
+    paths share a directory and their names differ only in digits. None otherwise."""
+    dirs = {os.path.dirname(p.rstrip("/")) for p in paths}
+    if len(paths) < 2 or len(dirs) != 1:
+        return None
+    names = {re.sub(r"\d+", "#", os.path.basename(p.rstrip("/"))) for p in paths}
+    d = dirs.pop()
+    return d if len(names) == 1 and d not in ("", "/") else None
 
 
 def _before(a: Ev, b: Ev) -> bool:
@@ -148,6 +163,8 @@ def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
                 abandoned.append(s)
                 s = saves[step] = SaveState(step=step)
         s.path = _better_path(s.path, ev.path if ev.kind in _SAVE_KINDS else None)
+        if ev.path and ev.kind in _SAVE_KINDS:
+            s.paths.add(ev.path)
         if ev.kind in ("save_start", "save_end"):
             s.logged.add(rank)
         if ev.kind == "save_start" or (during_save and rank not in s.started):
@@ -164,6 +181,8 @@ def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
             s.failed.setdefault(rank, ev)
     for i, old in enumerate(abandoned):
         saves[-(i + 1)] = old  # keyed apart; SaveState.step is the step
+    for s in saves.values():
+        s.path = _per_rank_files_dir(s.paths) or s.path
     # ranks that print save lines (not those only known from an error in save code)
     multi_rank = any(len(s.logged) > 1 for s in saves.values())
     seen_ranks = set().union(*(x.logged for x in saves.values())) if saves else set()
