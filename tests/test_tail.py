@@ -24,6 +24,24 @@ def test_partial_last_line_waits_for_its_newline(tmp_path):
     assert t.poll()["line"].to_list() == ["2026-11-30 10:00:01,000 INFO b continued"]
 
 
+def test_a_last_line_without_newline_is_read_once_the_writer_went_quiet(tmp_path):
+    """A process killed mid-line never ends it: after ``flush_after`` seconds without a line
+    and a poll without a byte, the tail reads it; a later rest is a line of its own."""
+    p = tmp_path / "r.log"
+    p.write_text("2026-11-30 10:00:00,000 INFO a\n2026-11-30 10:00:01,000 ERROR OSError: [Errno 28] No space")
+    t0 = dt.datetime.now(dt.timezone.utc)
+    t = FileTail(str(p), flush_after=2)
+    lines = []
+    for s in range(6):
+        lines += t.poll(ingest_ts=t0 + dt.timedelta(seconds=s))["line"].to_list()
+    assert lines == ["2026-11-30 10:00:00,000 INFO a", "2026-11-30 10:00:01,000 ERROR OSError: [Errno 28] No space"]
+    assert t.committed_offset == p.stat().st_size
+    with p.open("a") as f:
+        f.write(" left on device\n")
+    rest = [t.poll(ingest_ts=t0 + dt.timedelta(seconds=s))["line"].to_list() for s in (7, 10)]
+    assert rest == [[], [" left on device"]]  # held as the last record, then idle
+
+
 def test_restart_from_committed_offset_loses_and_repeats_nothing(tmp_path):
     src = SIGKILL_CONSOLE.read_bytes()
     p = tmp_path / "console.log"

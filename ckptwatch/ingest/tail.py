@@ -296,7 +296,9 @@ class FileTail:
             final: the file will not grow (``diagnose``, ``run --once``): emit everything,
                 including a last line without newline and the last record of each stream.
                 Without it, the last record of each stream is held back until the next
-                line, or until the file has not grown for ``flush_after`` seconds.
+                line, or until the file has not grown for ``flush_after`` seconds; a last
+                line without newline, until the file is unchanged since the previous poll
+                and no line came for ``flush_after`` seconds.
                 At most ``chunk_bytes`` are read per poll; ``more`` tells that the file
                 holds more (then nothing is flushed even with ``final``: poll again).
             ingest_ts: wall-clock time of this read (UTC); defaults to now.
@@ -335,9 +337,14 @@ class FileTail:
                 emitted.append(self._supersede(now, mtime, seen[1] if seen else None, seen_path or self.path))
             if self.identify(final=final) is None:
                 return batch.Read(self, [], flush=False, mtime=mtime, emitted=emitted)
+            # a last line without newline is read once the writer went quiet: not a byte since
+            # the last poll and no line for flush_after seconds (a process killed mid-line
+            # never ends it); should the writer end it later, the rest is a line of its own
+            quiet = (seen == self._seen and seen_path == self.path and self._last_growth is not None
+                     and (now - self._last_growth).total_seconds() >= self.flush_after)
             if final or size > self.offset:
-                res = reader.read_lines(self._file, self.offset, final=final, max_line_bytes=self.max_line_bytes,
-                                        chunk_bytes=self.chunk_bytes)
+                res = reader.read_lines(self._file, self.offset, final=final or quiet,
+                                        max_line_bytes=self.max_line_bytes, chunk_bytes=self.chunk_bytes)
             else:
                 res = reader.ReadResult(next_offset=self.offset)
             self.more = res.next_offset < size
