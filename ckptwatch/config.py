@@ -11,6 +11,7 @@ File layout (every key optional; see ``examples/ckptwatch.toml``)::
     partitions = 6                         # used when a topic is created
     replication_factor = 1
     compression = "gzip"                   # gzip | none (lz4/snappy/zstd need their python codecs)
+    events_format = "arrow"                # arrow (zstd Arrow IPC batches) | ndjson (kcat-readable)
     connect_hint_after = 15.0              # s without a broker at start before a hint on checking the address
     connect_timeout = 60.0                 # s without a broker at start before giving up (exit 2);
                                            # --once gives up at connect_hint_after
@@ -91,6 +92,9 @@ class KafkaSettings:
     partitions: int = 6
     replication_factor: int = 1
     compression: str = "gzip"
+    #: how events messages are encoded (ckptwatch.kafka.codec): "arrow" batches are compressed
+    #: by Arrow itself, so the collector's producer sends them without Kafka compression
+    events_format: str = "arrow"
     client: dict[str, Any] = field(default_factory=dict)
     connect_hint_after: float = 15.0  # seconds without a broker at start before a hint is printed
     connect_timeout: float = 60.0  # seconds without a broker at start before giving up
@@ -191,6 +195,7 @@ NOT_CONFIG_VARIABLES = frozenset({"CKPTWATCH_CONFIG", "CKPTWATCH_FAILPOINTS", "C
                                   "CKPTWATCH_KAFKA_CACHE"})
 
 _COMPRESSION = ("gzip", "none")
+_EVENT_FORMATS = ("arrow", "ndjson")  # ckptwatch.kafka.codec.EVENT_FORMATS (config imports no Kafka code)
 
 #: the longest duration any setting may hold (10 years): more would overflow a sleep or a timedelta
 MAX_SECONDS = 10 * 365 * 86400.0
@@ -249,6 +254,7 @@ _CHECKS: dict[tuple[str, str], Callable[[Any], str | None]] = {
     ("kafka", "partitions"): _count(1, 100_000),
     ("kafka", "replication_factor"): _count(1, 32_767),  # an int16 on the wire
     ("kafka", "compression"): lambda v: None if v in _COMPRESSION else f"must be one of {', '.join(_COMPRESSION)}",
+    ("kafka", "events_format"): lambda v: None if v in _EVENT_FORMATS else f"must be one of {', '.join(_EVENT_FORMATS)}",
     ("kafka", "connect_hint_after"): _seconds(zero_ok=False, high=86400.0),
     ("kafka", "connect_timeout"): _seconds(zero_ok=False, high=86400.0),
     ("collect", "interval"): _seconds(zero_ok=False, high=86400.0),

@@ -8,12 +8,12 @@ engine answers, or an existing one named by ``CKPTWATCH_TEST_KAFKA=host:port``.
 from __future__ import annotations
 
 import collections
-import json
 import importlib.util
 import signal
 import os
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -105,9 +105,38 @@ def topic_messages(bootstrap: str, topic: str) -> list:
 
 
 def topic_events(bootstrap: str, topic: str) -> list[dict]:
-    """Every event now in the events ``topic``, each message's NDJSON batch split into its
-    events (dicts, in order)."""
-    return [json.loads(line) for m in topic_messages(bootstrap, topic) for line in m.value.splitlines()]
+    """Every event now in the events ``topic``, each message's batch split into its events
+    (dicts, in order), whatever its format."""
+    from ckptwatch.kafka.codec import decode_events
+
+    return [e for m in topic_messages(bootstrap, topic) for e in decode_events([m.value]).to_dicts()]
+
+
+def wait_for_members(bootstrap: str, group: str, n: int, timeout: float = 60.0) -> None:
+    """Block until consumer ``group`` is stable with ``n`` members, each with partitions
+    assigned (kafka-python's ``describe_groups``). Raises AssertionError after ``timeout``
+    seconds."""
+    from kafka import KafkaAdminClient
+    from kafka.errors import KafkaError
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="test-group-watch")
+    deadline, seen = time.monotonic() + timeout, None
+    try:
+        while time.monotonic() < deadline:
+            try:
+                seen = admin.describe_groups([group])[group]
+            except KafkaError:  # no coordinator yet (the group does not exist yet)
+                time.sleep(0.2)
+                continue
+            members = seen.get("members") or []
+            if seen.get("group_state") == "Stable" and len(members) == n and all(
+                    isinstance(m.get("member_assignment"), dict) and m["member_assignment"].get("assigned_partitions")
+                    for m in members):
+                return
+            time.sleep(0.2)
+    finally:
+        admin.close()
+    raise AssertionError(f"group {group} did not settle with {n} members in {timeout} s: {seen}")
 
 
 INCIDENT_COLS = ("id, kind, severity, status, job, step, checkpoint_path, root_cause_class, root_rank, root_host, "

@@ -27,7 +27,8 @@ def test_events_and_incidents_round_trip(copy_scenario):
         assert back.to_dict() == inc.to_dict()
 
 
-def test_event_batches_keep_each_keys_order_and_size_and_decode_to_the_same_rows(copy_scenario):
+@pytest.mark.parametrize(("fmt", "max_bytes"), [("ndjson", 20_000), ("arrow", 6_000)])
+def test_event_batches_keep_each_keys_order_and_size_and_decode_to_the_same_rows(copy_scenario, fmt, max_bytes):
     from ckptwatch.ingest.watcher import SourceWatcher
     from ckptwatch.pipeline import extract_events
     from ckptwatch.rules import RuleSet
@@ -36,22 +37,49 @@ def test_event_batches_keep_each_keys_order_and_size_and_decode_to_the_same_rows
     events = extract_events(RuleSet.load(()), w.poll(final=True), w.stats)
     w.close()
     keys = [f"k{r % 3}".encode() for r in range(events.height)]  # three keys, interleaved
-    batches = codec.encode_event_batches(events, keys, max_bytes=20_000)
+    batches = codec.encode_event_batches(events, keys, max_bytes=max_bytes, fmt=fmt)
     assert list(dict.fromkeys(k for k, _ in batches)) == [b"k0", b"k1", b"k2"]
-    assert all(len(v) <= 20_000 for _, v in batches)
+    assert all(len(v) <= max_bytes for _, v in batches)
     assert 815 // 40 < len(batches) < 815 // 5  # many events per message, split by size
     for key in (b"k0", b"k1", b"k2"):  # one key's messages, in order, are its rows, in order
         mine = events.filter(pl.Series([k == key for k in keys]))
         assert codec.decode_events([v for k, v in batches if k == key]).equals(mine)
-    alone = codec.encode_event_batches(events.head(2), [b"a", b"a"], max_bytes=10)  # larger than the bound: alone
-    assert [k for k, _ in alone] == [b"a", b"a"] and b"\n" not in alone[0][1]
+    alone = codec.encode_event_batches(events.head(2), [b"a", b"a"], max_bytes=10, fmt=fmt)  # over the bound: alone
+    assert [k for k, _ in alone] == [b"a", b"a"]
+    assert [codec.decode_events([v]).height for _, v in alone] == [1, 1]
     with pytest.raises(ValueError, match="1 keys for 2 events"):
-        codec.encode_event_batches(events.head(2), [b"a"])
+        codec.encode_event_batches(events.head(2), [b"a"], fmt=fmt)
+
+
+def test_a_topic_of_both_formats_decodes_in_order_and_a_broken_arrow_batch_is_named(copy_scenario):
+    """An upgrade leaves NDJSON messages before Arrow ones in a partition: both are read."""
+    from ckptwatch.ingest.watcher import SourceWatcher
+    from ckptwatch.pipeline import extract_events
+    from ckptwatch.rules import RuleSet
+
+    w = SourceWatcher([str(copy_scenario("02-sigkill-mid-save"))])
+    events = extract_events(RuleSet.load(()), w.poll(final=True), w.stats)
+    w.close()
+    parts = [events.slice(0, 300), events.slice(300, 300), events.slice(600)]
+    values = [v for i, part in enumerate(parts) for _, v in codec.encode_event_batches(
+        part, [b"j"] * part.height, fmt=("ndjson", "arrow")[i % 2])]
+    assert {v[:1] for v in values} == {b"{", b"\xff"}
+    assert codec.decode_events(values).equals(events)
+    frame, counts = codec.decode_event_messages(values)  # each message's events: what offsets are told by
+    assert counts == [codec.decode_events([v]).height for v in values] and sum(counts) == frame.height
+    arrow = codec.encode_event_batches(parts[1], [b"j"] * 300)[0][1]
+    frame, bad, counts = codec.decode_events_skipping([arrow[: len(arrow) // 2], arrow])
+    assert counts == [0, 300]
+    assert frame.equals(parts[1]) and [i for i, _ in bad] == [0]
+    assert "not a ckptwatch events batch (an Arrow IPC stream)" in str(bad[0][1])
+    with pytest.raises(ValueError, match="events format must be one of arrow, ndjson"):
+        codec.encode_event_batches(parts[0], [b"j"] * 300, fmt="avro")
 
 
 def test_bad_messages_are_skipped_and_named():
     good = b'{"ts": 1, "kind": "save_start", "source_id": "s", "offset": 0, "rule_id": "r", "line": "x"}'
-    frame, bad = codec.decode_events_skipping([good, b"true", b'{"kind": "x"}'])
+    frame, bad, counts = codec.decode_events_skipping([good, b"true", b'{"kind": "x"}'])
+    assert counts == [1, 0, 0]
     assert frame.height == 1 and frame["kind"].to_list() == ["save_start"]
     assert [i for i, _ in bad] == [1, 2]
     assert "not a ckptwatch event" in str(bad[0][1]) and "b'true'" in str(bad[0][1])

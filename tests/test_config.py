@@ -87,6 +87,7 @@ def test_example_config_file_loads():
     ({"CKPTWATCH_KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:notaport"}, "'127.0.0.1:notaport' is not HOST:PORT"),
     ({"CKPTWATCH_KAFKA_BOOTSTRAP_SERVERS": "9092"}, "'9092' is not HOST:PORT"),
     ({"CKPTWATCH_KAFKA_COMPRESSION": "zstd"}, "[kafka] compression: must be one of gzip, none"),
+    ({"CKPTWATCH_KAFKA_EVENTS_FORMAT": "avro"}, "[kafka] events_format: must be one of arrow, ndjson"),
     ({"CKPTWATCH_KAFKA_PARTITIONS": "0"}, "[kafka] partitions: must be at least 1"),
     ({"CKPTWATCH_DETECT_ALLOWED_LATENESS": "-5"}, "[detect] allowed_lateness: must be 0 seconds or more"),
     ({"CKPTWATCH_DETCT_GROUP": "x"}, "CKPTWATCH_DETCT_GROUP: no config section 'detct'"),

@@ -10,7 +10,8 @@ import time
 import pytest
 from conftest import SCENARIOS, expected, unmatched
 from kafka_support import (assert_no_version_twice, ckptwatch, cli_env, fleet_equals_embedded, fresh_config,
-                           published_per_id, run_embedded, snapshot, topic_events, topic_messages)
+                           published_per_id, run_embedded, snapshot, topic_events, topic_messages,
+                           wait_for_members)
 
 
 pytestmark = pytest.mark.kafka
@@ -31,10 +32,13 @@ def test_whole_corpus_two_detector_processes(copy_scenario, kafka_bootstrap, tmp
 
     cfg = fresh_config(kafka_bootstrap, tmp_path.parent, partitions=4)
     env = cli_env(cfg)
+    # both members hold partitions before any event is published: a member alone reads a
+    # job's batches in one fetch, before the other one has joined
+    detectors = [ckptwatch(["detect", "--until-idle", "15"], env) for _ in range(2)]
+    wait_for_members(kafka_bootstrap, cfg.detect.group, 2)
     collect = ckptwatch(["collect", str(logs), "--once"], env)
     out, err = collect.communicate(timeout=120)
     assert collect.returncode == 0, err
-    detectors = [ckptwatch(["detect", "--until-idle", "6"], env) for _ in range(2)]
     sink = ckptwatch(["sink", "--until-idle", "8"], env)
     results = [p.communicate(timeout=180) for p in (*detectors, sink)]
     for p, (out, err) in zip((*detectors, sink), results, strict=True):

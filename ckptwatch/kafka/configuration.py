@@ -42,14 +42,16 @@ def admin(settings: KafkaSettings, client_id: str) -> dict[str, Any]:
     return {**_base(settings, client_id), **_passthrough(settings, KafkaAdminClient)}
 
 
-def producer(settings: KafkaSettings, client_id: str) -> dict[str, Any]:
+def producer(settings: KafkaSettings, client_id: str, *, compress: bool = True) -> dict[str, Any]:
     """Durable publishing: ``acks=all`` and an idempotent producer (no duplicates from its own
-    retries); up to 5 minutes of retries before a record is given up (``delivery_timeout_ms``)."""
+    retries); up to 5 minutes of retries before a record is given up (``delivery_timeout_ms``).
+    ``compress=False``: no Kafka compression, whatever ``settings.compression`` says (values
+    compressed already, as Arrow events batches are)."""
     return {
         **_base(settings, client_id),
         "acks": "all",
         "enable_idempotence": True,
-        "compression_type": None if settings.compression == "none" else settings.compression,
+        "compression_type": None if settings.compression == "none" or not compress else settings.compression,
         "linger_ms": 5,
         "retry_backoff_ms": 200,
         "delivery_timeout_ms": 300_000,

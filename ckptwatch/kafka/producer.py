@@ -30,10 +30,12 @@ class Publisher:
 
     ``on_wait(message)`` is called (at most every ``report_every`` seconds) while the broker
     cannot be reached, with a sentence saying what is waiting; the default prints nothing.
+    ``compress=False``: values are compressed already; Kafka does not compress them again.
     """
 
     def __init__(self, settings: KafkaSettings, *, client_id: str = "ckptwatch",
-                 on_wait: Callable[[str], None] | None = None, report_every: float = 5.0) -> None:
+                 on_wait: Callable[[str], None] | None = None, report_every: float = 5.0,
+                 compress: bool = True) -> None:
         self.settings = settings
         self.on_wait = on_wait or (lambda msg: None)
         self.report_every = report_every
@@ -41,7 +43,7 @@ class Publisher:
         self.waits = 0
         while True:
             try:
-                self._producer = KafkaProducer(**configuration.producer(settings, client_id))
+                self._producer = KafkaProducer(**configuration.producer(settings, client_id, compress=compress))
                 break
             except KafkaError as e:  # "Unable to bootstrap", ECONNREFUSED: no broker answers
                 if not getattr(e, "retriable", False):

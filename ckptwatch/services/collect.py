@@ -28,7 +28,7 @@ import polars as pl
 
 from ckptwatch import failpoints
 from ckptwatch.config import Config
-from ckptwatch.detectors.events import is_host_event
+from ckptwatch.detectors.events import HOST_KINDS
 from ckptwatch.ingest.checkpoint import FileCheckpointer, SourceCheckpoint
 from ckptwatch.integrity.watch import CheckpointWatcher
 from ckptwatch.ingest.watcher import SourceWatcher
@@ -40,6 +40,7 @@ from ckptwatch.rules import RuleSet
 from ckptwatch.sinks.metrics import Metrics
 
 UNKNOWN_JOB = b"unknown"
+_HOST_MARK = "\x00host:"
 
 
 class Collector:
@@ -72,7 +73,8 @@ class Collector:
         self.stats = self.watcher.stats
         try:
             ensure_topics(config.kafka, on_wait=on_wait)
-            self.publisher = Publisher(config.kafka, client_id="ckptwatch-collect", on_wait=on_wait)
+            self.publisher = Publisher(config.kafka, client_id="ckptwatch-collect", on_wait=on_wait,
+                                       compress=config.kafka.events_format != "arrow")
         except BaseException:  # no broker (BrokerUnavailable), or interrupted while waiting for one
             self._close_sources()
             raise
@@ -85,19 +87,15 @@ class Collector:
         if events.is_empty():
             return []
         partitions = self.publisher.partitions(topic)
-        keys: list[bytes] = []
-        host_keys: set[bytes] = set()
-        for job, host, kind, rank, local_rank in events.select("job", "host", "kind", "rank", "local_rank").iter_rows():
-            if is_host_event(kind, rank, local_rank):
-                key = b"host:" + (host or "").encode()  # apart from a job of the same name
-                host_keys.add(key)
-            else:
-                key = job.encode() if job else UNKNOWN_JOB
-            keys.append(key)
+        host = pl.col("kind").is_in(list(HOST_KINDS)) & pl.col("rank").is_null() & pl.col("local_rank").is_null()
+        job = pl.col("job").fill_null("")
+        keys = events.select(  # a host key is marked apart from a job of the same name (no job name has a NUL)
+            pl.when(host).then(pl.lit(_HOST_MARK) + pl.col("host").fill_null(""))
+            .when(job == "").then(pl.lit(UNKNOWN_JOB.decode())).otherwise(job).cast(pl.Binary).alias("key"))["key"]
         out: list[Message] = []
-        for key, value in encode_event_batches(events, keys):
-            if key in host_keys:
-                out += [Message(topic, key.removeprefix(b"host:"), value, partition=p) for p in partitions]
+        for key, value in encode_event_batches(events, keys, fmt=self.config.kafka.events_format):
+            if key.startswith(_HOST_MARK.encode()):
+                out += [Message(topic, key.removeprefix(_HOST_MARK.encode()), value, partition=p) for p in partitions]
             else:
                 out.append(Message(topic, key, value))
         return out

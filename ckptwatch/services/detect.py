@@ -219,15 +219,12 @@ class DetectorMember:
         return any(job in det.jobs for det in self.detectors.values())
 
     def _feed(self, tp: TopicPartition, records: list[ConsumerRecord], now: dt.datetime) -> None:
-        events, bad = decode_events_skipping([r.value for r in records])
+        events, bad, counts = decode_events_skipping([r.value for r in records])
         for i, e in bad:
             self.stats.bad_messages += 1
             self.metrics.count_skipped("bad_message")
             self.on_message(f"{tp.topic} partition {tp.partition} offset {records[i].offset}: skipped: {e}")
-        skipped = {i for i, _ in bad}
-        # each event's message offset (a message is an NDJSON batch: one event per line)
-        offsets = [r.offset for i, r in enumerate(records) if i not in skipped
-                   for _ in range(r.value.count(b"\n") + 1)]
+        offsets = [r.offset for r, n in zip(records, counts, strict=True) for _ in range(n)]  # each event's message
         self.stats.replayed += sum(1 for o in offsets if o < self.replay_until.get(tp, 0))
         self.stats.events += events.height
         if len(offsets) == events.height:

@@ -145,7 +145,7 @@ class SinkMember:
                     incidents[inc.id] = inc  # the latest version of each id wins
                 except DecodeError as e:
                     self._bad(r, e)
-        events, bad = decode_events_skipping([r.value for r in event_recs])
+        events, bad, _ = decode_events_skipping([r.value for r in event_recs])
         for i, e in bad:
             self._bad(event_recs[i], e)
         self.stats.events_received += events.height
