@@ -4,7 +4,9 @@ line written to its incident row.
 
     .venv/bin/python benchmarks/latency.py [--jobs 40] [--nodes 4] [--ranks 8] [--rate 2000] [--rotate-mb 2]
 
-1. Starts ``ckptwatch run --logs OUT/logs --db OUT/incidents.duckdb`` on an empty directory.
+1. Starts ``ckptwatch run --logs OUT/logs --db OUT/incidents.duckdb`` on an empty directory;
+   with ``--kafka``, the fleet's three stages instead (``collect OUT/logs``, ``detect``,
+   ``sink``, each a process, through a broker: ``scripts/kafka-local`` unless one is named).
 2. ``ckptwatch simulate OUT --rate R`` writes a fleet (half the jobs with one failure in a
    save) live, ``R`` lines/s in total, in event-time order, rotating files past
    ``--rotate-mb``; it records the wall time each failure's first line was written
@@ -34,6 +36,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from kafka_support import cli_env, fresh_config, kafka_local, wait_for_members  # noqa: E402
 
 from ckptwatch.simulate import score  # noqa: E402
 from ckptwatch.sinks.duckdb_store import read_incidents  # noqa: E402
@@ -50,14 +55,29 @@ def main() -> None:
     ap.add_argument("--interval", type=float, default=0.5, help="run's seconds between polls")
     ap.add_argument("--settle", type=float, default=20.0, help="seconds to wait after the last line")
     ap.add_argument("--keep", action="store_true", help="keep the fleet and the database (the path is printed)")
+    ap.add_argument("--kafka", nargs="?", const="local", metavar="HOST:PORT",
+                    help="through Kafka: collect | detect | sink processes instead of run (no value: start a "
+                         "broker with scripts/kafka-local)")
     a = ap.parse_args()
     cli = [sys.executable, "-m", "ckptwatch"]
     work = Path(tempfile.mkdtemp(prefix="ckptwatch-latency-"))
+    local = kafka_local() if a.kafka == "local" else None
     try:
         (work / "logs").mkdir()
         db = work / "incidents.duckdb"
-        run = subprocess.Popen(cli + ["run", "--logs", str(work / "logs"), "--db", str(db), "--interval",
-                                      str(a.interval)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if a.kafka:
+            bootstrap = local.start(work / "broker", None, 180.0) if local else a.kafka
+            cfg = fresh_config(bootstrap, work, partitions=6)
+            env = cli_env(cfg, CKPTWATCH_SINK_DB=str(db), CKPTWATCH_COLLECT_INTERVAL=str(a.interval),
+                          CKPTWATCH_DETECT_INTERVAL=str(a.interval))
+            stages = [subprocess.Popen(cli + args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                       text=True)
+                      for args in (["collect", str(work / "logs")], ["detect"], ["sink"])]
+            wait_for_members(bootstrap, cfg.detect.group, 1)
+        else:
+            stages = [subprocess.Popen(cli + ["run", "--logs", str(work / "logs"), "--db", str(db), "--interval",
+                                              str(a.interval)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                       text=True)]
         time.sleep(3.0)  # started and polling
         t0 = time.monotonic()
         subprocess.run(cli + ["simulate", str(work), "--jobs", str(a.jobs), "--nodes", str(a.nodes), "--ranks",
@@ -65,10 +85,11 @@ def main() -> None:
                               str(a.rotate_mb), "--seed", "1"], check=True, stdout=subprocess.DEVNULL)
         wrote = time.monotonic() - t0
         time.sleep(a.settle)
-        run.send_signal(signal.SIGINT)
-        err = run.communicate(timeout=120)[1]
-        if run.returncode not in (0, 1):
-            raise SystemExit(f"run exited {run.returncode}: {err[-800:]}")
+        for p in stages:
+            p.send_signal(signal.SIGINT)
+            err = p.communicate(timeout=120)[1]
+            if p.returncode not in (0, 1):
+                raise SystemExit(f"{' '.join(p.args[3:5])} exited {p.returncode}: {err[-800:]}")
         live = json.loads((work / "live.json").read_text())
         truth = json.loads((work / "truth.json").read_text())
         stored = read_incidents(db)
@@ -90,7 +111,7 @@ def main() -> None:
         ranks = a.jobs * a.nodes * a.ranks
         print(f"{a.jobs} jobs x {a.nodes} nodes x {a.ranks} ranks ({ranks:,} ranks): {live['lines']:,} lines "
               f"written live at {a.rate:,.0f} lines/s in {wrote:.1f} s, {live['rotations']} rotations\n")
-        print("| embedded `run` | |\n|---|---:|")
+        print(f"| {'collect, detect, sink through Kafka' if a.kafka else 'embedded `run`'} | |\n|---|---:|")
         print(f"| failures injected / with an incident | {len(live['initiated'])} / {len(lat)} |")
         print(f"| right cause + rank / injected, false | {graded['exact']} / {graded['injected']}, {graded['false']} |")
         print(f"| latency p50 / p99 / max, s (target p99 <= 2) | {q[49]:.2f} / {q[98]:.2f} / "
@@ -98,6 +119,8 @@ def main() -> None:
         if missing:
             print(f"\nno incident for: {', '.join(missing[:10])}")
     finally:
+        if local:
+            local.stop(work / "broker")
         if a.keep:
             print(f"\nkept: {work}")
         else:
