@@ -264,3 +264,13 @@ def test_a_checkpoint_saved_as_a_file_per_rank_is_named_by_its_directory():
     assert (inc["kind"], inc["step"], inc["checkpoint_path"]) == ("storage_failure_during_save", 300, "/ckpt/step_300")
     assert inc["last_good_checkpoint"]["path"] == "/ckpt/step_100"
     assert inc["root_cause"]["rank"] == 1
+
+
+@pytest.mark.parametrize(("name", "rank"), [("dcp-save-traceback-only.log", 1), ("torch-save-traceback-only.log", 1)])
+def test_a_pasted_save_traceback_alone_is_a_failed_save_of_unknown_step(name, rank):
+    """No step, path or time anywhere: still the storage failure of a save (DCP's coordinator,
+    rank 0, reports the rank its exception names), its step reported as unknown."""
+    inc = only(diagnose([str(WILD / name)])[0])
+    assert (inc["kind"], inc["step"], inc["checkpoint_path"]) == ("storage_failure_during_save", None, None)
+    assert inc["root_cause"]["rank"] == rank and "No space left on device" in inc["root_cause"]["line"]
+    assert "its step and path were not logged" in inc["remediation"]

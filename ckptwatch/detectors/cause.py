@@ -159,6 +159,8 @@ def attribute(failures: list[Ev], state: JobState, expected: set[int],
             hard = ranked or hard
         hard.sort(key=lambda h: (h[0], h[1], h[2].source_id, h[2].offset))
         ts, _, ev, cls, rank, sig = hard[0]
+        if len(named) == 1 and rank not in named and ev.attrs.get("failed_ranks") is not None:
+            rank = next(iter(named))  # DCP's coordinator (rank 0) raises for the rank its list names
         if rank is None:  # another report of the same failure may name the rank
             same = [h for h in hard[1:] if h[3] == cls and h[4] is not None
                     and abs((h[0] - ts).total_seconds()) <= _SAME_FAILURE_S]

@@ -6,6 +6,8 @@ from ckptwatch.detectors.incident import RootCause
 
 
 def _where(path: str | None, step: int | None) -> str:
+    if step is None:
+        return path or "the checkpoint this save was writing (its step and path were not logged)"
     return f"step {step} ({path})" if path else f"step {step}"
 
 

@@ -34,7 +34,7 @@ from ckptwatch.detectors.cause import attribute
 from ckptwatch.detectors.events import FAILURE_KINDS, Ev
 from ckptwatch.detectors.incident import Incident
 from ckptwatch.detectors.jobstate import JobState
-from ckptwatch.detectors.saves import SaveState, saves_of
+from ckptwatch.detectors.saves import UNKNOWN_STEP, SaveState, saves_of
 
 
 #: The kinds this module reports.
@@ -136,10 +136,11 @@ def evaluate(
 
 def _incident(kind: str, state: JobState, s: SaveState, root, collateral: list[int], last_good: dict | None,
               items: list[tuple[Ev, str]], first_ts: dt.datetime) -> Incident:
+    step = None if s.step == UNKNOWN_STEP else s.step
     return Incident(
-        kind=kind, job=state.job, step=s.step, checkpoint_path=s.path, root_cause=root, collateral=collateral,
+        kind=kind, job=state.job, step=step, checkpoint_path=s.path, root_cause=root, collateral=collateral,
         checkpoint_state=s.state_dict(), last_good_checkpoint=last_good,
-        remediation=remediation.for_save(kind, s.step, s.path, root, last_good), first_ts=first_ts,
+        remediation=remediation.for_save(kind, step, s.path, root, last_good), first_ts=first_ts,
         evidence=state.evidence(items),
     )
 

@@ -38,6 +38,10 @@ from ckptwatch.detectors.jobstate import JobState, ev_key as _key
 
 _SAVE_KINDS = ("save_start", "save_end", "save_error")
 
+#: the step (and key) of a save that failed where no line of the job tells a step (a pasted
+#: traceback alone): reported with step None; below every other key, abandoned attempts' too
+UNKNOWN_STEP = -(1 << 40)
+
 
 @dataclass
 class SaveState:
@@ -152,8 +156,10 @@ def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
                 step = last_step(rank, _key(ev), anyone=True)
             else:
                 step = open_save.get(rank, last_step(rank, _key(ev), anyone=True))
+        if step is None and (progress or started_step or ev.kind != "save_error" and not during_save):
+            continue  # a step is logged, just not before this line: not a save of its own
         if step is None:
-            continue
+            step = UNKNOWN_STEP  # an error in save code, and no step anywhere: still a failed save
         if ev.kind == "save_start" and ev.step is not None:
             started_step[rank] = (_key(ev), ev.step)
         s = saves.setdefault(step, SaveState(step=step))

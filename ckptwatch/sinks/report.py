@@ -51,7 +51,7 @@ def render_text(incidents: list[Incident], console: Console, stats: dict[str, An
         rc = inc.root_cause
         style = _SEV_STYLE.get(inc.severity, "")
         console.print(f"[{style}]{inc.severity.upper()}[/{style}] [bold]{inc.kind}[/bold]  job {escape(str(inc.job))}  "
-                      f"step {inc.step}  [dim]id {inc.id} · {inc.status}[/dim]")
+                      f"step {'unknown' if inc.step is None else inc.step}  [dim]id {inc.id} · {inc.status}[/dim]")
         console.print(f"  checkpoint   {escape(inc.checkpoint_path or 'path not in the logs')}")
         if rc:
             sig = f" ({rc.signal})" if rc.signal else ""
