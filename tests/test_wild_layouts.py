@@ -274,3 +274,13 @@ def test_a_pasted_save_traceback_alone_is_a_failed_save_of_unknown_step(name, ra
     assert (inc["kind"], inc["step"], inc["checkpoint_path"]) == ("storage_failure_during_save", None, None)
     assert inc["root_cause"]["rank"] == rank and "No space left on device" in inc["root_cause"]["line"]
     assert "its step and path were not logged" in inc["remediation"]
+
+
+def test_kubectl_logs_prefix_names_the_pod_as_host():
+    """Without reading the ``[pod/NAME/CONTAINER] `` prefix, the worker pod's ``local_rank: 0``
+    was rank 0 and rank 0's collective timeout the root cause."""
+    inc = only(diagnose([str(WILD / "kubectl-logs-prefix.log")])[0])
+    assert (inc["kind"], inc["step"], inc["last_good_checkpoint"]["step"]) == ("interrupted_save", 2000, 1000)
+    rc = inc["root_cause"]
+    assert (rc["class"], rc["signal"], rc["rank"], rc["host"]) == ("signal", "SIGKILL", 1, "bert-ft-worker-0")
+    assert inc["collateral"] == [0]

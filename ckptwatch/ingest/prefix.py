@@ -26,6 +26,8 @@ user template       ``--line-prefix '…'``        exactly what its macros say (
 Open MPI            ``[1,3]<stdout>:``           global rank (``mpirun --tag-output``)
 Ray                 ``(RayTrainWorker pid=N,     pid and host (the ip); Ray's worker log
                     ip=10.0.0.2) ``              prefix
+kubectl             ``[pod/job-worker-0/c] ``    host: the pod (``kubectl logs --prefix``;
+                                                 outermost, read first)
 torchrun ``--tee``  ``[default2]:``,             local rank: ``[<role><local_rank>]:``; with
                     ``[trainer2]:``              ``--role rank`` it reads ``[rank2]:`` too
                                                  (see below); ``[trainer2|5]:`` (a template
@@ -68,6 +70,9 @@ ROLE_PAIR_RE = r"^\[(?P<role>[A-Za-z_][A-Za-z_-]*?)(?P<local_rank>\d+)[|:,/](?P<
 TASK_PREFIX_RE = r"^ *(?P<task>\d{1,6}): "
 HOST_TASK_RE = r"^\[(?P<host>[A-Za-z0-9][A-Za-z0-9._-]*):(?P<task>\d{1,6})\]:? ?"
 OMPI_RE = r"^\[\d+,(?P<task>\d{1,6})\]<(?:stdout|stderr)>: ?"
+#: ``kubectl logs --prefix`` (kubectl pkg/cmd/logs/logs.go ``addPrefixIfNeeded``: ``"[pod/%s/%s] "``,
+#: the pod's and the container's names): the outermost prefix, read first; the pod is the host
+KUBECTL_RE = r"^\[pod/(?P<pod>[^/\]\s]+)/[^\]\s]*\] "
 RAY_RE = r"^\((?P<actor>[A-Za-z_][\w.]*) pid=(?P<pid>\d+)(?:, ip=(?P<ip>[0-9A-Fa-f.:]+))?\) "
 TEE_RE = r"^\[(?P<role>[A-Za-z_][A-Za-z_-]*?)(?P<local_rank>\d+)\]:"
 RANK_RE = r"^\[rank(?P<rank>\d+)\]:[ ]?"
@@ -224,6 +229,7 @@ def split_prefixes(df: pl.DataFrame, text_col: str = "line", *, layout: PrefixLa
     task of a launcher, whose rendezvous result maps local ranks), and strip the prefixes from ``text_col`` (see
     the module docstring for the order and semantics)."""
     line = pl.col(text_col)
+    df = df.with_columns(line.str.extract(KUBECTL_RE, 1).alias("_k_host"), line.str.replace(KUBECTL_RE, ""))
     is_json = line.str.starts_with("{") & line.str.ends_with("}")
     if not df.select(is_json.any()).item():  # no JSON line in the batch (most files): no JSON paths to read
         df = df.with_columns(
@@ -284,7 +290,7 @@ def split_prefixes(df: pl.DataFrame, text_col: str = "line", *, layout: PrefixLa
         ray.struct.field("ip").alias("_ray_host"),
         line.str.replace(RAY_RE, ""),
     )
-    host_parts += [pl.col("_ht_host"), pl.col("_ray_host")]
+    host_parts += [pl.col("_ht_host"), pl.col("_ray_host"), pl.col("_k_host")]
     rank_parts += [pl.col("_ht_rank"), pl.col("_mpi_rank"), pl.col("_bare_rank")]
     pair = line.str.extract_groups(ROLE_PAIR_RE).struct
     df = df.with_columns(  # [<role><local_rank>|<n>]: a template of the default's shape: the first number is local
@@ -334,8 +340,8 @@ def split_prefixes(df: pl.DataFrame, text_col: str = "line", *, layout: PrefixLa
         pl.col("_j_job").alias("prefix_job"),
     )
     return out.drop(["_j_head", "_j_rank", "_j_local", "_j_host", "_j_pid", "_j_job", "_ht_host", "_ht_rank",
-                     "_mpi_rank", "_bare_rank", "_pair_local", "_ray_pid", "_ray_host", "_tee_local", "_lone_rank",
-                     *extra] + (["_h_host"] if layout.host_prefix else []) + (["_t_rank"] if layout.task_prefix else []))
+                     "_mpi_rank", "_bare_rank", "_pair_local", "_ray_pid", "_ray_host", "_k_host", "_tee_local",
+                     "_lone_rank", *extra] + (["_h_host"] if layout.host_prefix else []) + (["_t_rank"] if layout.task_prefix else []))
 
 
 INLINE_RANK_RE = (
