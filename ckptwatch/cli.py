@@ -176,6 +176,10 @@ def diagnose_cmd(
         for msg in stats.errors:
             _err.print(f"[red]error:[/red] {escape(msg)}", soft_wrap=True)
         raise _fail("no readable log file in " + ", ".join(paths))
+    if stats.lines == 0:  # "No incident found" would read as a clean bill of health
+        for msg in stats.errors:
+            _err.print(f"[red]error:[/red] {escape(msg)}", soft_wrap=True)
+        raise _fail(f"no line to read: the {stats.files} file(s) in {', '.join(paths)} are empty")
     if as_json:
         sys.stdout.write(report.render_json(incidents, stats.to_dict()) + "\n")
         for msg in [*stats.errors, *stats.label_warnings()]:

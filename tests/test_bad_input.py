@@ -46,6 +46,11 @@ def test_missing_path_empty_dir_and_broken_symlink(tmp_path):
     (tmp_path / "only" / "x.log").write_bytes(b"\x00\x01" * 5000)
     out = cli("diagnose", tmp_path / "only")
     assert out.returncode == 2 and "binary data" in out.stderr and "no readable log file" in out.stderr
+    (tmp_path / "blank").mkdir()
+    for name in ("rank0.log", "rank1.log"):
+        (tmp_path / "blank" / name).write_text("")
+    out = cli("diagnose", tmp_path / "blank")  # not "No incident found", exit 0: nothing was read
+    assert out.returncode == 2 and "no line to read: the 2 file(s)" in out.stderr and "are empty" in out.stderr
     out = cli("diagnose", tmp_path / "dangling.log", SIGKILL_RUN)
     assert out.returncode == 1, out.stderr
     assert "dangling.log: does not exist" in out.stderr + out.stdout
