@@ -284,3 +284,12 @@ def test_kubectl_logs_prefix_names_the_pod_as_host():
     rc = inc["root_cause"]
     assert (rc["class"], rc["signal"], rc["rank"], rc["host"]) == ("signal", "SIGKILL", 1, "bert-ft-worker-0")
     assert inc["collateral"] == [0]
+
+
+def test_a_schedulers_cancel_is_no_ranks_fault():
+    """Every rank receives Slurm's SIGTERM; the first to say so was named the root rank."""
+    inc = only(diagnose([str(WILD / "lightning-preempted-paste.log")])[0])
+    assert (inc["kind"], inc["step"], inc["last_good_checkpoint"]["step"]) == ("interrupted_save", 1250, 1000)
+    rc = inc["root_cause"]
+    assert (rc["class"], rc["signal"], rc["rank"], rc["host"]) == ("signal", "SIGTERM", None, "gpu-b03")
+    assert "PREEMPTION" in rc["line"] and inc["collateral"] == [0, 1]

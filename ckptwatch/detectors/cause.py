@@ -161,7 +161,8 @@ def attribute(failures: list[Ev], state: JobState, expected: set[int],
         ts, _, ev, cls, rank, sig = hard[0]
         if len(named) == 1 and rank not in named and ev.attrs.get("failed_ranks") is not None:
             rank = next(iter(named))  # DCP's coordinator (rank 0) raises for the rank its list names
-        if rank is None:  # another report of the same failure may name the rank
+        if rank is None and ev.kind != "job_signal":  # another report of the same failure may name the rank
+            # (not of a scheduler's cancel: every rank receives it, the first to say so is no root)
             same = [h for h in hard[1:] if h[3] == cls and h[4] is not None
                     and abs((h[0] - ts).total_seconds()) <= _SAME_FAILURE_S]
             if same:
