@@ -172,14 +172,15 @@ def diagnose_cmd(
 
             stats.errors = [named(m) for m in stats.errors]
             stats.unlabelled_files = {k: [named(f) for f in v] for k, v in stats.unlabelled_files.items()}
+    nothing = None
     if stats.files == 0 or stats.files == stats.skipped.get("unreadable_file", 0):
+        nothing = "no readable log file in " + ", ".join(paths)
+    elif stats.lines == 0:  # "No incident found" would read as a clean bill of health
+        nothing = f"no line to read: the {stats.files} file(s) in {', '.join(paths)} are empty"
+    if nothing:
         for msg in stats.errors:
             _err.print(f"[red]error:[/red] {escape(msg)}", soft_wrap=True)
-        raise _fail("no readable log file in " + ", ".join(paths))
-    if stats.lines == 0:  # "No incident found" would read as a clean bill of health
-        for msg in stats.errors:
-            _err.print(f"[red]error:[/red] {escape(msg)}", soft_wrap=True)
-        raise _fail(f"no line to read: the {stats.files} file(s) in {', '.join(paths)} are empty")
+        raise _fail(nothing)
     if as_json:
         sys.stdout.write(report.render_json(incidents, stats.to_dict()) + "\n")
         for msg in [*stats.errors, *stats.label_warnings()]:

@@ -112,31 +112,35 @@ def topic_events(bootstrap: str, topic: str) -> list[dict]:
     return [e for m in topic_messages(bootstrap, topic) for e in decode_events([m.value]).to_dicts()]
 
 
-def wait_for_members(bootstrap: str, group: str, n: int, timeout: float = 60.0) -> None:
-    """Block until consumer ``group`` is stable with ``n`` members, each with partitions
-    assigned (kafka-python's ``describe_groups``). Raises AssertionError after ``timeout``
-    seconds."""
+def owned_partitions(bootstrap: str, group: str) -> list[int]:
+    """How many partitions each member of consumer ``group`` owns (sorted), once the group is
+    stable; empty while it rebalances or before it exists (kafka-python's ``describe_groups``)."""
     from kafka import KafkaAdminClient
     from kafka.errors import KafkaError
 
     admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="test-group-watch")
-    deadline, seen = time.monotonic() + timeout, None
     try:
-        while time.monotonic() < deadline:
-            try:
-                seen = admin.describe_groups([group])[group]
-            except KafkaError:  # no coordinator yet (the group does not exist yet)
-                time.sleep(0.2)
-                continue
-            members = seen.get("members") or []
-            if seen.get("group_state") == "Stable" and len(members) == n and all(
-                    isinstance(m.get("member_assignment"), dict) and m["member_assignment"].get("assigned_partitions")
-                    for m in members):
-                return
-            time.sleep(0.2)
+        seen = admin.describe_groups([group])[group]
+    except KafkaError:  # no coordinator yet: the group does not exist yet
+        return []
     finally:
         admin.close()
-    raise AssertionError(f"group {group} did not settle with {n} members in {timeout} s: {seen}")
+    if seen["group_state"] != "Stable":
+        return []
+    return sorted(sum(len(t["partitions"]) for t in m["member_assignment"].get("assigned_partitions", []))
+                  if isinstance(m["member_assignment"], dict) else 0 for m in seen["members"])
+
+
+def wait_for_members(bootstrap: str, group: str, n: int, timeout: float = 60.0) -> None:
+    """Block until consumer ``group`` is stable with ``n`` members, each with partitions
+    assigned. Raises AssertionError after ``timeout`` seconds."""
+    deadline, owned = time.monotonic() + timeout, []
+    while time.monotonic() < deadline:
+        owned = owned_partitions(bootstrap, group)
+        if len(owned) == n and all(owned):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"group {group} did not settle with {n} members in {timeout} s: partitions per member {owned}")
 
 
 INCIDENT_COLS = ("id, kind, severity, status, job, step, checkpoint_path, root_cause_class, root_rank, root_host, "

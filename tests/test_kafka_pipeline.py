@@ -10,8 +10,8 @@ import time
 import pytest
 from conftest import SCENARIOS, expected, unmatched
 from kafka_support import (assert_no_version_twice, ckptwatch, cli_env, fleet_equals_embedded, fresh_config,
-                           published_per_id, run_embedded, snapshot, topic_events, topic_messages,
-                           wait_for_members)
+                           owned_partitions, published_per_id, run_embedded, snapshot, topic_events,
+                           topic_messages, wait_for_members)
 
 
 pytestmark = pytest.mark.kafka
@@ -69,19 +69,7 @@ def test_rebalance_moves_partitions_without_changing_incidents(copy_scenario, ka
     out, err = ckptwatch(["collect", str(tmp_path), "--once"], env).communicate(timeout=600)
 
     def owned() -> list[int]:
-        """How many partitions each member of the detector group owns, once the group is
-        stable (empty while it rebalances)."""
-        from kafka import KafkaAdminClient
-
-        admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
-        try:
-            group = admin.describe_groups([cfg.detect.group])[cfg.detect.group]
-        finally:
-            admin.close()
-        if group["group_state"] != "Stable":
-            return []
-        return sorted(sum(len(t["partitions"]) for t in m["member_assignment"].get("assigned_partitions", []))
-                      if isinstance(m["member_assignment"], dict) else 0 for m in group["members"])
+        return owned_partitions(kafka_bootstrap, cfg.detect.group)
 
     def wait_until(condition, what: str, alive, timeout: float = 600.0) -> None:
         """Poll ``condition`` (not a fixed sleep: a loaded machine starts processes slowly)

@@ -7,6 +7,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+import polars as pl
+
 #: Kinds that are evidence of something going wrong (candidates for root cause or collateral).
 FAILURE_KINDS = frozenset(
     {"process_exit", "agent_signal", "oom_kill", "collective_timeout", "collective_error", "storage_error",
@@ -23,6 +25,11 @@ def is_host_event(kind: str, rank: int | None, local_rank: int | None) -> bool:
     """A kernel / storage line, whatever file it came from: it names no rank, so it is joined
     to jobs by host and pid rather than routed by its own job."""
     return kind in HOST_KINDS and rank is None and local_rank is None
+
+
+def host_event_expr() -> pl.Expr:
+    """:func:`is_host_event` over a frame of events (``kind``, ``rank``, ``local_rank``): Boolean."""
+    return pl.col("kind").is_in(list(HOST_KINDS)) & pl.col("rank").is_null() & pl.col("local_rank").is_null()
 
 _SIGNALS = {1: "SIGHUP", 2: "SIGINT", 3: "SIGQUIT", 4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE",
             9: "SIGKILL", 11: "SIGSEGV", 13: "SIGPIPE", 15: "SIGTERM"}

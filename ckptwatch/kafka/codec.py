@@ -255,12 +255,14 @@ def decode_events_skipping(values: list[bytes]) -> tuple[pl.DataFrame, list[tupl
         return frame, [], counts
     except DecodeError:
         pass
-    good, bad, counts = [], [], []
+    frames, bad, counts = [], [], []
     for i, v in enumerate(values):
         try:
-            counts.append(decode_event_messages([v])[1][0])
-            good.append(v)
+            frame, (n,) = decode_event_messages([v])
         except DecodeError as e:
             bad.append((i, e))
             counts.append(0)
-    return decode_events(good), bad, counts
+            continue
+        frames.append(frame)
+        counts.append(n)
+    return (pl.concat(frames) if frames else pl.DataFrame(schema=EVENT_SCHEMA)), bad, counts

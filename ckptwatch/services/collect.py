@@ -28,7 +28,7 @@ import polars as pl
 
 from ckptwatch import failpoints
 from ckptwatch.config import Config
-from ckptwatch.detectors.events import HOST_KINDS
+from ckptwatch.detectors.events import host_event_expr
 from ckptwatch.ingest.checkpoint import FileCheckpointer, SourceCheckpoint
 from ckptwatch.integrity.watch import CheckpointWatcher
 from ckptwatch.ingest.watcher import SourceWatcher
@@ -87,10 +87,9 @@ class Collector:
         if events.is_empty():
             return []
         partitions = self.publisher.partitions(topic)
-        host = pl.col("kind").is_in(list(HOST_KINDS)) & pl.col("rank").is_null() & pl.col("local_rank").is_null()
         job = pl.col("job").fill_null("")
         keys = events.select(  # a host key is marked apart from a job of the same name (no job name has a NUL)
-            pl.when(host).then(pl.lit(_HOST_MARK) + pl.col("host").fill_null(""))
+            pl.when(host_event_expr()).then(pl.lit(_HOST_MARK) + pl.col("host").fill_null(""))
             .when(job == "").then(pl.lit(UNKNOWN_JOB.decode())).otherwise(job).cast(pl.Binary).alias("key"))["key"]
         out: list[Message] = []
         for key, value in encode_event_batches(events, keys, fmt=self.config.kafka.events_format):

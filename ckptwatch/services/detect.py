@@ -227,8 +227,7 @@ class DetectorMember:
         offsets = [r.offset for r, n in zip(records, counts, strict=True) for _ in range(n)]  # each event's message
         self.stats.replayed += sum(1 for o in offsets if o < self.replay_until.get(tp, 0))
         self.stats.events += events.height
-        if len(offsets) == events.height:
-            self.replay_starts[tp].note(events["job"].to_list(), offsets)
+        self.replay_starts[tp].note(events["job"].to_list(), offsets)
         self.detectors[tp].process_frame(events, now=now)
         self.position[tp] = records[-1].offset + 1
 
