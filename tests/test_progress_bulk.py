@@ -78,3 +78,53 @@ def test_out_of_order_blocks_are_merged_and_queries_return_the_lines():
     assert after.step is None and after.offset == 9 and after.line == "step None" and after.attrs == {"loss": 1.5}
     assert p.first_after(None, T0 + dt.timedelta(seconds=4), 5, {}).step == 6
     assert p.first_after(None, T0 + dt.timedelta(seconds=7), 0, {}) is None
+
+
+def long_job() -> pl.DataFrame:
+    """Two ranks, 2,800 steps a second apart, a save every 200 steps. Rank 1 logs no end for
+    the save of step 400 (its next progress line ends it) and the job fails at 500 s; it goes
+    on, and fails again in the save of step 2,800, which rank 1 does not finish."""
+    from test_cause import ev as event
+    from test_cause import world
+
+    rows = world(2)
+    for step in range(1, 2801):
+        rows += [event("metric", step, rank=r, step=step, loss=2.0 - step / 3000) for r in (0, 1)]
+        if step % 200 == 0:
+            rows += [event("save_start", step + 0.5, rank=r, step=step) for r in (0, 1)]
+            rows += [event("save_end", step + 0.6, rank=r, step=step) for r in ((0,) if step in (400, 2800) else (0, 1))]
+        if step in (500, 2800):
+            rows.append(event("job_failed", step + 0.7, exitcode=1))
+    return pl.DataFrame(rows, schema_overrides={"ts": pl.Datetime("us", "UTC")})
+
+
+def test_a_long_job_keeps_bounded_progress_and_the_same_incidents():
+    from ckptwatch.detectors.runner import DetectorConfig
+
+    events = long_job()
+    batches = [events.slice(i, 1000) for i in range(0, events.height, 1000)]
+
+    def feed(config):
+        d = Detector(config)
+        for b in batches:
+            d.process_frame(b, now=NOW)
+            d.jobs["job-a"].progress_by_rank  # filed batch by batch, as a live run's advance does
+        return d
+
+    unbounded = feed(DetectorConfig(progress_cap=10**9, payload_keep=10**9))
+    bounded = feed(DetectorConfig(progress_cap=100, payload_keep=8))
+    state = bounded.jobs["job-a"]
+    lines = {r: len(b) for r, b in state.progress_by_rank.items()}
+    assert set(lines) == {0, 1} and all(50 <= n <= 100 for n in lines.values()), lines  # cut to 50 past 100
+    assert len(unbounded.jobs["job-a"].progress_by_rank[1]) == 2800
+    assert state._payloads.stored() < 60_000  # the rows let go are released at the next compaction
+    got = {}
+    for name, d in (("unbounded", unbounded), ("bounded", bounded)):
+        d.advance(final=True)
+        got[name] = sorted((i.kind, i.step, i.root_cause and i.root_cause.rank, sorted(i.checkpoint_state.get(
+            "started_not_finished", []))) for i in d.incidents() if i.status != "superseded")
+    assert got["bounded"] == got["unbounded"] == [("interrupted_save", 2800, None, [1])], got
+    # the save of step 400 ended at rank 1's next progress line, before the failure: that line
+    # was found before it was let go
+    (end,) = [v for (step, rank, _), v in state.implicit_memo.items() if (step, rank) == (400, 1)]
+    assert (end.step, end.ts) == (401, T0 + dt.timedelta(seconds=401))

@@ -9,6 +9,7 @@ broken by ``(source_id, offset)`` so the order never depends on arrival.
 from __future__ import annotations
 
 import bisect
+import itertools
 import datetime as dt
 import json
 from array import array
@@ -19,8 +20,13 @@ import polars as pl
 from ckptwatch.detectors.events import LOADING_KINDS, Ev
 from ckptwatch.detectors.incident import EvidenceItem
 
-#: progress lines kept per rank (past it, the oldest half goes)
-MAX_PROGRESS = 8_192
+#: progress lines kept per rank (past it, the oldest half goes): their time, step and place
+MAX_PROGRESS = 512
+#: of those, the newest ones that keep their text, attrs and labels too (the rest are "bare":
+#: a query returning one gets an :class:`Ev` with its time, step, rank and place, no text)
+PAYLOAD_KEEP = 32
+#: loss lines remembered to count the console's copy of a rank file's line once
+LOSS_SEEN = 16_384
 
 
 def ev_key(ev: Ev) -> tuple:
@@ -30,9 +36,11 @@ def ev_key(ev: Ev) -> tuple:
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 #: progress lines of :meth:`JobState.add_metrics` held as a frame before they are filed by rank
-SETTLE_ROWS = 500_000
+SETTLE_ROWS = 100_000
 #: a progress line without a step, in :attr:`RankProgress.step`
 NO_STEP = -(1 << 62)
+#: a progress line whose payload was let go, in :attr:`RankProgress.ref`
+BARE = -(1 << 62)
 #: what else a progress line keeps, to be an :class:`Ev` again when a query returns it
 PAYLOAD = ("line", "attrs", "dedup_key", "rule_id", "job", "host", "rank", "local_rank", "pid", "path",
            "ts_source", "source_kind")
@@ -53,13 +61,44 @@ class Payloads:
     numbered job-wide. A line added one :class:`Ev` at a time keeps that Ev (a negative
     number)."""
 
-    __slots__ = ("frames", "bases", "rows", "single")
+    __slots__ = ("job", "frames", "bases", "rows", "single")
 
-    def __init__(self) -> None:
+    def __init__(self, job: str = "") -> None:
+        self.job = job
         self.frames: list[pl.DataFrame] = []
         self.bases: list[int] = []  # job-wide number of each frame's first row
         self.rows = 0
         self.single: list[Ev] = []
+
+    def stored(self) -> int:
+        """Rows held (frames and single events), referenced or not."""
+        return self.rows - (self.bases[0] if self.bases else self.rows) + len(self.single)
+
+    def compact(self, buckets: list[RankProgress]) -> None:
+        """Keep only the rows ``buckets`` still reference (one frame, one list), renumbering
+        their refs: rows of lines trimmed or made bare are let go."""
+        refs = [r for b in buckets for r in b.ref if r >= 0]
+        old = pl.concat(self.frames) if self.frames else None
+        first = self.bases[0] if self.bases else 0
+        frame = old[[r - first for r in refs]] if old is not None and refs else None
+        single, renumber = [], {}
+        for b in buckets:
+            for i, r in enumerate(b.ref):
+                if BARE < r < 0:
+                    single.append(self.single[-r - 1])
+                    renumber[i, id(b)] = -len(single)
+        at = self.rows
+        for b in buckets:
+            for i, r in enumerate(b.ref):
+                if r >= 0:
+                    b.ref[i] = at
+                    at += 1
+                elif r > BARE:
+                    b.ref[i] = renumber[i, id(b)]
+        self.frames = [frame] if frame is not None else []
+        self.bases = [self.rows] if frame is not None else []
+        self.rows = at
+        self.single = single
 
     def add_frame(self, frame: pl.DataFrame) -> int:
         """Keep ``frame`` (:data:`PAYLOAD` columns); returns the number of its first row."""
@@ -73,8 +112,13 @@ class Payloads:
         self.single.append(ev)
         return -len(self.single)
 
-    def ev(self, ref: int, ts_us: int, sid: str, offset: int, step: int) -> Ev:
-        """Row ``ref`` as an :class:`Ev` of kind ``metric``."""
+    def ev(self, ref: int, ts_us: int, sid: str, offset: int, step: int, rank: int | None = None) -> Ev:
+        """Row ``ref`` as an :class:`Ev` of kind ``metric`` (:data:`BARE`: one without text,
+        attrs or labels but ``rank``)."""
+        if ref == BARE:
+            return Ev(ts=from_us(ts_us), kind="metric", job=self.job, host=None, rank=rank, local_rank=None,
+                      pid=None, step=None if step == NO_STEP else step, path=None, rule_id="", source_id=sid,
+                      offset=offset, line="", dedup_key=f"{sid}:{offset}")
         if ref < 0:
             return self.single[-ref - 1]
         k = bisect.bisect_right(self.bases, ref) - 1
@@ -96,30 +140,35 @@ class RankProgress:
     when a query returns it.
 
     Blocks arrive mostly in order (appended); one that starts before the newest line kept
-    (a console read a poll behind a rank's own file) is merged into the tail."""
+    (a console read a poll behind a rank's own file) is merged into the tail. What is kept
+    is bounded by :meth:`JobState._prune`: the newest :data:`MAX_PROGRESS` lines, the
+    newest :data:`PAYLOAD_KEEP` of them with their payload; ``bare`` lines at the front have
+    none (ref :data:`BARE`)."""
 
-    __slots__ = ("ts", "sid", "off", "step", "ref", "payloads")
+    __slots__ = ("ts", "sid", "off", "step", "ref", "payloads", "rank", "bare")
 
-    def __init__(self, payloads: Payloads | None = None) -> None:
+    def __init__(self, payloads: Payloads | None = None, rank: int | None = None) -> None:
         self.ts = array("q")  # event time, microseconds since the epoch, UTC
         self.sid: list[str] = []
         self.off = array("q")
         self.step = array("q")  # NO_STEP: the line names none
-        self.ref = array("q")  # the line's row in ``payloads``
+        self.ref = array("q")  # the line's row in ``payloads``; BARE: let go
         self.payloads = payloads or Payloads()
+        self.rank = rank
+        self.bare = 0  # lines [0, bare) are bare
 
     def __len__(self) -> int:
         return len(self.ts)
 
     def add(self, ev: Ev) -> None:
-        """Insert ``ev``; past :data:`MAX_PROGRESS` the oldest half goes."""
+        """Insert ``ev``."""
         self.extend([to_us(ev.ts)], [ev.source_id], [ev.offset], [NO_STEP if ev.step is None else ev.step],
                     [self.payloads.add_ev(ev)])
 
     def extend(self, ts: list[int], sid: list[str], off: list[int], step: list[int], ref) -> None:
         """Insert a block of lines given column by column (``ts`` in microseconds, ``step``
         :data:`NO_STEP` for none, ``ref`` their rows in :attr:`payloads`), sorted by
-        ``(ts, sid, off)``. Past :data:`MAX_PROGRESS` the oldest half goes."""
+        ``(ts, sid, off)``."""
         if not ts:
             return
         if self.ts and (ts[0], sid[0], off[0]) < (self.ts[-1], self.sid[-1], self.off[-1]):
@@ -130,13 +179,22 @@ class RankProgress:
             self.off.extend(off)
             self.step.extend(step)
             self.ref.extend(ref)
-        if len(self.ts) > MAX_PROGRESS:
-            cut = len(self.ts) - MAX_PROGRESS + MAX_PROGRESS // 2
-            del self.ts[:cut], self.sid[:cut], self.off[:cut], self.step[:cut], self.ref[:cut]
+
+    def cut(self, n: int) -> None:
+        """Let the oldest ``n`` lines go."""
+        del self.ts[:n], self.sid[:n], self.off[:n], self.step[:n], self.ref[:n]
+        self.bare = max(0, self.bare - n)
+
+    def strip(self, upto: int) -> None:
+        """Let the payload of lines ``[bare, upto)`` go (they become bare)."""
+        for i in range(self.bare, upto):
+            self.ref[i] = BARE
+        self.bare = max(self.bare, upto)
 
     def _merge(self, ts, sid, off, step, ref) -> None:
         """Merge an out-of-order block with the kept lines from the block's first time on."""
         i = bisect.bisect_left(self.ts, ts[0])
+        self.bare = min(self.bare, i)  # merged lines with a payload may now sit among bare ones
         rows = sorted([*zip(self.ts[i:], self.sid[i:], self.off[i:], self.step[i:], self.ref[i:]),
                        *zip(ts, sid, off, step, ref)], key=lambda r: (r[0], r[1], r[2]))
         del self.ts[i:], self.sid[i:], self.off[i:], self.step[i:], self.ref[i:]
@@ -149,7 +207,7 @@ class RankProgress:
 
     def ev(self, i: int) -> Ev:
         """Line ``i`` as an :class:`Ev`."""
-        return self.payloads.ev(self.ref[i], self.ts[i], self.sid[i], self.off[i], self.step[i])
+        return self.payloads.ev(self.ref[i], self.ts[i], self.sid[i], self.off[i], self.step[i], self.rank)
 
     @property
     def events(self) -> list[Ev]:
@@ -176,8 +234,14 @@ class RankProgress:
 
     def first_after(self, start: Ev | None, first_ts: dt.datetime, step: int,
                     copies: dict[str, int]) -> Ev | None:
-        """The earliest progress line after the save line ``start`` (else after ``first_ts``,
-        UTC) with a step above ``step`` or none at all (None if there is none). Lines that
+        """The line :meth:`first_after_index` finds, as an :class:`Ev` (None if none)."""
+        i = self.first_after_index(start, first_ts, step, copies)
+        return None if i is None else self.ev(i)
+
+    def first_after_index(self, start: Ev | None, first_ts: dt.datetime, step: int,
+                          copies: dict[str, int]) -> int | None:
+        """The index of the earliest progress line after the save line ``start`` (else after
+        ``first_ts``, UTC) with a step above ``step`` or none at all (None if there is none). Lines that
         share the start's time (undated lines inherit one) are after it only in a file where
         they come after it (``copies``: source_id -> offset of the save line in that file)."""
         ts = to_us(start.ts if start is not None else first_ts)
@@ -189,7 +253,7 @@ class RankProgress:
                 continue
             s = self.step[i]
             if s == NO_STEP or s > step:
-                return self.ev(i)
+                return i
         return None
 
 
@@ -212,19 +276,27 @@ class JobState:
     #: the job's loss curve: (time UTC, step, loss) of the lowest rank that logs losses, in arrival order
     losses: list[tuple[dt.datetime, int, float]] = field(default_factory=list)
     _loss_rank: int | None = None
-    _loss_seen: set[str] = field(default_factory=set)
+    _loss_seen: dict[str, None] = field(default_factory=dict)  # ordered: the oldest half goes past LOSS_SEEN
     #: its load, resume and load-error events (few), kept apart for the resume detectors
     loading: list[Ev] = field(default_factory=list)
     #: its checkpoint verifications (``integrity`` events), for :mod:`.integrity_incidents`
     integrity: list[Ev] = field(default_factory=list)
     #: its progress lines (``metric`` events, deduplicated) per rank, in time order, the newest
-    #: :data:`MAX_PROGRESS` of each: a save without an end line ends at its rank's next one, a
-    #: save line without a step takes the rank's last one's
+    #: ``progress_cap`` of each (past it, the oldest half goes), the newest ``payload_keep``
+    #: with their text: a save without an end line ends at its rank's next one, a save line
+    #: without a step takes the rank's last one's (:meth:`_prune`)
     _progress: dict[int, RankProgress] = field(default_factory=dict)
+    progress_cap: int = MAX_PROGRESS
+    payload_keep: int = PAYLOAD_KEEP
     #: batches of :meth:`add_metrics` not yet filed under their ranks (:meth:`_settle`)
     _pending: list[pl.DataFrame] = field(default_factory=list)
     #: the rest of each progress line, for the few a query returns
     _payloads: Payloads = field(default_factory=Payloads)
+    #: its synchronous save lines (few) by rank (new ones under None until a prune files
+    #: them), whose next progress line :meth:`_prune` finds before the lines around it are
+    #: let go (kept in ``implicit_memo``)
+    _starts: dict[int | None, list[Ev]] = field(default_factory=dict)
+    _compact_at: int = 50_000
     _sids: dict[str, str] = field(default_factory=dict)
     #: implicit save ends found once (step, rank, dedup key of the start) -> the progress line: they
     #: stay found when that line is later dropped from a long job's progress
@@ -238,6 +310,9 @@ class JobState:
     #: per source (file) of the job: (its newest event time, wall time its last event arrived), UTC,
     #: for the low watermark (:meth:`watermark` with ``source_idle``)
     sources: dict[str, tuple[dt.datetime, dt.datetime]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._payloads.job = self.job
 
     def add(self, ev: Ev, *, ts_limit: dt.datetime | None = None) -> bool:
         """Record ``ev``; False if it was already known (same dedup key). An event time past
@@ -268,6 +343,8 @@ class JobState:
                 self.events[ev.dedup_key] = ev  # the better-labelled copy of the same line
             return False
         self.events[ev.dedup_key] = ev
+        if ev.kind == "save_start" and not ev.attrs.get("async"):
+            self._starts.setdefault(None, []).append(ev)
         if ev.kind in LOADING_KINDS:
             self.loading.append(ev)
         elif ev.kind == "integrity":
@@ -327,10 +404,57 @@ class JobState:
         for rank, n in ordered.group_by("_r", maintain_order=True).len().iter_rows():
             bucket = self._progress.get(rank)
             if bucket is None:
-                bucket = self._progress[rank] = RankProgress(self._payloads)
+                bucket = self._progress[rank] = RankProgress(self._payloads, rank)
             end = at + n
             bucket.extend(ts[at:end], sid[at:end], off[at:end], step[at:end], range(base + at, base + end))
+            self._prune(rank, bucket)
             at = end
+        self._compact()
+
+    def _prune(self, rank: int, bucket: RankProgress) -> None:
+        """Bound what ``bucket`` (rank ``rank``'s progress) keeps: past ``progress_cap``
+        lines the oldest half goes, and only the newest ``payload_keep`` keep their payload.
+        Before a line is let go, each save line of the rank whose next progress line it is
+        (the save's implicit end, :func:`~ckptwatch.detectors.saves.saves_of`) has that
+        line put in ``implicit_memo``, so the save ends there however long the job runs."""
+        over = len(bucket) - self.progress_cap
+        cut = len(bucket) - self.progress_cap // 2 if over > 0 else 0
+        upto = max(cut, len(bucket) - self.payload_keep)
+        if upto <= bucket.bare and not cut:
+            return
+        self._memo_ends(rank, bucket, upto)
+        bucket.strip(upto)
+        if cut:
+            bucket.cut(cut)
+
+    def _memo_ends(self, rank: int, bucket: RankProgress, upto: int) -> None:
+        """Memoize the implicit ends among lines ``[0, upto)`` of ``bucket`` (see :meth:`_prune`)."""
+        for start in self._starts.pop(None, []):
+            self._starts.setdefault(self.main_rank_of(start), []).append(start)
+        keep = []
+        for start in self._starts.get(rank, []):
+            step = start.step
+            if step is None:
+                before = bucket.last_step_before(ev_key(start))
+                step = before[1] if before is not None else None
+            memo = (step, rank, start.dedup_key)
+            if step is None or memo in self.implicit_memo:
+                continue
+            i = bucket.first_after_index(start, start.ts, step, self.copies.get(start.dedup_key, {}))
+            if i is None or i >= upto:
+                keep.append(start)  # its end is still to come, or still kept
+            else:
+                self.implicit_memo[memo] = bucket.ev(i)
+        self._starts[rank] = keep
+
+    def _compact(self) -> None:
+        """Let go of payload rows no line references any more, once they are most of them."""
+        if self._payloads.stored() <= self._compact_at:
+            return
+        live = sum(len(b) - b.bare for b in self._progress.values())
+        if self._payloads.stored() > 2 * live + 50_000:
+            self._payloads.compact(list(self._progress.values()))
+        self._compact_at = 2 * live + 50_000
 
     def _add_losses(self, rows: pl.DataFrame) -> None:
         """:meth:`_add_loss` for a batch (``rows`` with their rank resolved in ``_r``), in arrival order."""
@@ -359,8 +483,11 @@ class JobState:
         self._settle()
         bucket = self._progress.get(rank)
         if bucket is None:
-            bucket = self._progress[rank] = RankProgress(self._payloads)
-        bucket.add(ev)  # past MAX_PROGRESS the oldest half goes: their saves' implicit ends are memoized
+            bucket = self._progress[rank] = RankProgress(self._payloads, rank)
+        bucket.add(ev)
+        if len(bucket) - bucket.bare > self.payload_keep:
+            self._prune(rank, bucket)
+            self._compact()
 
     @property
     def progress(self) -> list[Ev]:
@@ -389,7 +516,10 @@ class JobState:
 
     def _append_loss(self, r: int, key: str, ts: dt.datetime, step: int, value: float) -> None:
         if r == self._loss_rank and key not in self._loss_seen:  # console + rank file: once
-            self._loss_seen.add(key)
+            self._loss_seen[key] = None
+            if len(self._loss_seen) > LOSS_SEEN:  # a copy of a line comes within a poll or two
+                for old in list(itertools.islice(self._loss_seen, LOSS_SEEN // 2)):
+                    del self._loss_seen[old]
             self.losses.append((ts, step, value))
 
     def _learn(self, ev: Ev) -> None:

@@ -26,7 +26,7 @@ from ckptwatch.detectors.checkpoints import CheckpointRegistry, SaveFact, checkp
 from ckptwatch.detectors.regression import RegressionSettings, saver_windows
 from ckptwatch.detectors.events import LOADING_KINDS, Ev, is_host_event
 from ckptwatch.detectors.incident import Incident
-from ckptwatch.detectors.jobstate import JobState
+from ckptwatch.detectors.jobstate import MAX_PROGRESS, PAYLOAD_KEEP, JobState
 from ckptwatch.detectors.saves import SaveState, saves_of
 
 UNKNOWN_JOB = "unknown"
@@ -64,6 +64,11 @@ class DetectorConfig:
     #: tail reads a rank's file a poll behind another's). ``diagnose`` reads every file to
     #: its end before it concludes, and leaves it off.
     source_idle: float | None = None
+    #: per rank, the progress lines kept (times and steps) and how many of the newest keep
+    #: their text: a job's memory does not grow with its length (:meth:`JobState._prune
+    #: <ckptwatch.detectors.jobstate.JobState._prune>`)
+    progress_cap: int = MAX_PROGRESS
+    payload_keep: int = PAYLOAD_KEEP
 
 
 @dataclass
@@ -129,7 +134,7 @@ class Detector:
                 continue
             state = self.jobs.get(job)
             if state is None:
-                state = self.jobs[job] = JobState(job)
+                state = self.jobs[job] = self._new_job(job)
                 self.stats.jobs += 1
             if not state.add(ev, ts_limit=limit):
                 self.stats.duplicates += 1
@@ -142,6 +147,9 @@ class Detector:
             elif ev.kind == "metric" and job in self._loading:
                 self._loads_dirty.add(job)  # losses after a resume: post_resume_regression
         self.last_arrival = arrival
+
+    def _new_job(self, job: str) -> JobState:
+        return JobState(job, progress_cap=self.config.progress_cap, payload_keep=self.config.payload_keep)
 
     def process_frame(self, events: pl.DataFrame, *, now: dt.datetime | None = None) -> None:
         """:meth:`process` for a frame of events (EVENT_SCHEMA columns), with the same result:
@@ -174,7 +182,7 @@ class Detector:
                     continue
             state = self.jobs.get(job)
             if state is None:
-                state = self.jobs[job] = JobState(job)
+                state = self.jobs[job] = self._new_job(job)
                 self.stats.jobs += 1
             state.add_metrics(rows, arrival, ts_limit=limit)
             self._dirty.add(job)
