@@ -362,6 +362,16 @@ class FileTail:
         idle = (now - self._last_growth).total_seconds() >= self.flush_after
         return batch.Read(self, res.lines, flush=(final and not self.more) or idle, mtime=mtime, emitted=emitted)
 
+    def at_rest(self, path: str, sig: tuple[int, int]) -> bool:
+        """True if a poll of this file would do nothing, judged from the ``(size, mtime_ns)``
+        a directory listing just stat'ed at ``path``: same path and signature as the last
+        poll saw, read to its end (a plain file), nothing held back, no backlog. The watcher
+        then skips it without a ``read`` (no ``fstat``, no pass of the pipeline), so a poll
+        costs what changed, not every file followed."""
+        return (self.source_id is not None and self._seen == sig and self._seen_path == path
+                and self.offset >= sig[0] and not self.more and self.held.is_empty()
+                and not isinstance(self._file, gzip.GzipFile))
+
     def _nothing_to_do(self, st: os.stat_result, seen: tuple[int, int] | None, seen_path: str | None, size: int,
                        *, final: bool, now: dt.datetime) -> bool:
         """True if a poll would read and emit nothing: the file is unchanged since the last

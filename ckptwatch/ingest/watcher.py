@@ -72,7 +72,7 @@ from ckptwatch.schema import RECORD_SCHEMA
 Key = tuple[int, int]  # (st_dev, st_ino)
 
 #: bytes one poll reads at most, over all files (see ``poll_bytes``)
-DEFAULT_POLL_BYTES = 32 << 20
+DEFAULT_POLL_BYTES = 8 << 20
 
 
 class SourceWatcher:
@@ -177,6 +177,9 @@ class SourceWatcher:
             if where is not None and spent():  # the next poll reads it
                 deferred = True
                 continue
+            if where is not None and not final and where[0] == tail.path and tail.at_rest(*where):
+                self._missing_since.pop(key, None)
+                continue  # unchanged since the last poll, nothing held: nothing to read or emit
             if where is not None:
                 tail.path = where[0]
                 self._missing_since.pop(key, None)
