@@ -19,12 +19,18 @@ import polars as pl
 
 from ckptwatch.detectors.events import LOADING_KINDS, Ev
 from ckptwatch.detectors.incident import EvidenceItem
+from ckptwatch.frames import detached
 
 #: progress lines kept per rank (past it, the oldest half goes): their time, step and place
 MAX_PROGRESS = 512
 #: of those, the newest ones that keep their text, attrs and labels too (the rest are "bare":
-#: a query returning one gets an :class:`Ev` with its time, step, rank and place, no text)
-PAYLOAD_KEEP = 32
+#: a query returning one gets an :class:`Ev` with its time, step, rank and place, no text).
+#: No incident quotes a progress line (a save's implicit end counts by its time); the
+#: payload serves a job ``unknown`` folded into a named one, which keeps all of it.
+PAYLOAD_KEEP = 4
+#: payload rows a job may hold beyond twice those referenced before they are compacted (per job:
+#: a fleet of 312 small jobs held every row with 50,000)
+COMPACT_SLACK = 1_024
 #: loss lines remembered to count the console's copy of a rank file's line once
 LOSS_SEEN = 16_384
 
@@ -35,7 +41,8 @@ def ev_key(ev: Ev) -> tuple:
 
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
-#: progress lines of :meth:`JobState.add_metrics` held as a frame before they are filed by rank
+#: progress lines of :meth:`JobState.add_metrics` held as frames before they are filed by rank:
+#: per job, and over all jobs of a :class:`~ckptwatch.detectors.runner.Detector`
 SETTLE_ROWS = 100_000
 #: a progress line without a step, in :attr:`RankProgress.step`
 NO_STEP = -(1 << 62)
@@ -95,7 +102,7 @@ class Payloads:
                     at += 1
                 elif r > BARE:
                     b.ref[i] = renumber[i, id(b)]
-        self.frames = [frame] if frame is not None else []
+        self.frames = [detached(frame)] if frame is not None else []
         self.bases = [self.rows] if frame is not None else []
         self.rows = at
         self.single = single
@@ -103,7 +110,7 @@ class Payloads:
     def add_frame(self, frame: pl.DataFrame) -> int:
         """Keep ``frame`` (:data:`PAYLOAD` columns); returns the number of its first row."""
         base = self.rows
-        self.frames.append(frame.rechunk())
+        self.frames.append(detached(frame))
         self.bases.append(base)
         self.rows += frame.height
         return base
@@ -296,7 +303,7 @@ class JobState:
     #: them), whose next progress line :meth:`_prune` finds before the lines around it are
     #: let go (kept in ``implicit_memo``)
     _starts: dict[int | None, list[Ev]] = field(default_factory=dict)
-    _compact_at: int = 50_000
+    _compact_at: int = COMPACT_SLACK
     _sids: dict[str, str] = field(default_factory=dict)
     #: implicit save ends found once (step, rank, dedup key of the start) -> the progress line: they
     #: stay found when that line is later dropped from a long job's progress
@@ -383,11 +390,15 @@ class JobState:
                 self.last_metric_step[rank] = step
         self._add_losses(rows)
         self._pending.append(rows.select(pl.col("_r").fill_null(0), "_us", "source_id", "offset", "step", *PAYLOAD))
-        if sum(p.height for p in self._pending) > SETTLE_ROWS:
-            self._settle()
+        if self.pending_rows() > SETTLE_ROWS:
+            self.settle()
         self.last_arrival = arrival
 
-    def _settle(self) -> None:
+    def pending_rows(self) -> int:
+        """Progress lines of :meth:`add_metrics` not filed yet."""
+        return sum(p.height for p in self._pending)
+
+    def settle(self) -> None:
         """File the progress lines of :meth:`add_metrics` batches under their ranks: all
         pending batches sorted at once (batches of different files overlap in time, and a
         rank's lines inserted batch by batch would mostly be merges)."""
@@ -452,9 +463,9 @@ class JobState:
         if self._payloads.stored() <= self._compact_at:
             return
         live = sum(len(b) - b.bare for b in self._progress.values())
-        if self._payloads.stored() > 2 * live + 50_000:
+        if self._payloads.stored() > 2 * live + COMPACT_SLACK:
             self._payloads.compact(list(self._progress.values()))
-        self._compact_at = 2 * live + 50_000
+        self._compact_at = 2 * live + COMPACT_SLACK
 
     def _add_losses(self, rows: pl.DataFrame) -> None:
         """:meth:`_add_loss` for a batch (``rows`` with their rank resolved in ``_r``), in arrival order."""
@@ -474,13 +485,13 @@ class JobState:
         """The job's progress lines (``metric`` events, deduplicated) per rank, in time order,
         the newest :data:`MAX_PROGRESS` of each: a save without an end line ends at its
         rank's next one, a save line without a step takes the rank's last one's."""
-        self._settle()
+        self.settle()
         return self._progress
 
     def _add_progress(self, ev: Ev, rank: int) -> None:
         """File ``ev`` under its rank (the same line read twice, console and rank file, may be
         kept twice: harmless for "the next progress line" and "the last step")."""
-        self._settle()
+        self.settle()
         bucket = self._progress.get(rank)
         if bucket is None:
             bucket = self._progress[rank] = RankProgress(self._payloads, rank)

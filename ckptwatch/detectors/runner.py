@@ -26,7 +26,7 @@ from ckptwatch.detectors.checkpoints import CheckpointRegistry, SaveFact, checkp
 from ckptwatch.detectors.regression import RegressionSettings, saver_windows
 from ckptwatch.detectors.events import LOADING_KINDS, Ev, is_host_event
 from ckptwatch.detectors.incident import Incident
-from ckptwatch.detectors.jobstate import MAX_PROGRESS, PAYLOAD_KEEP, JobState
+from ckptwatch.detectors.jobstate import MAX_PROGRESS, PAYLOAD_KEEP, SETTLE_ROWS, JobState
 from ckptwatch.detectors.saves import SaveState, saves_of
 
 UNKNOWN_JOB = "unknown"
@@ -92,6 +92,7 @@ class Detector:
         self._host_arrival: dict[str, dt.datetime] = {}  # dedup key -> wall time it arrived
         self.max_ts: dt.datetime | None = None
         self.last_arrival: dt.datetime | None = None
+        self._pending_rows = 0  # progress lines given to jobs since they were last all filed
         self.stats = DetectorStats()
         self._emitted: dict[str, tuple[str, Incident]] = {}  # id -> (fingerprint, incident)
         self._by_save: dict[tuple[str | None, int | None], str] = {}  # (job, step) -> incident id
@@ -149,7 +150,10 @@ class Detector:
         self.last_arrival = arrival
 
     def _new_job(self, job: str) -> JobState:
-        return JobState(job, progress_cap=self.config.progress_cap, payload_keep=self.config.payload_keep)
+        # the events that name no job may be folded into a named job (adopt_unlabelled): their
+        # progress lines keep their labels and attrs, to be filed and read there again
+        keep = self.config.progress_cap if job == UNKNOWN_JOB else self.config.payload_keep
+        return JobState(job, progress_cap=self.config.progress_cap, payload_keep=keep)
 
     def process_frame(self, events: pl.DataFrame, *, now: dt.datetime | None = None) -> None:
         """:meth:`process` for a frame of events (EVENT_SCHEMA columns), with the same result:
@@ -185,10 +189,15 @@ class Detector:
                 state = self.jobs[job] = self._new_job(job)
                 self.stats.jobs += 1
             state.add_metrics(rows, arrival, ts_limit=limit)
+            self._pending_rows += rows.height
             self._dirty.add(job)
             if job in self._loading:
                 self._loads_dirty.add(job)  # losses after a resume: post_resume_regression
         self.last_arrival = arrival
+        if self._pending_rows > SETTLE_ROWS:  # many small jobs: each under the bound, together not
+            for state in self.jobs.values():
+                state.settle()
+            self._pending_rows = 0
 
     def adopt_unlabelled(self, *, live: bool = False, others: Iterable[JobState] = ()) -> bool:
         """When every event that names a job names the same one, the events that name none

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
+from ckptwatch.frames import detached
 from ckptwatch.ingest import multiline, prefix, timestamps
 from ckptwatch.schema import RECORD_SCHEMA, TS
 
@@ -168,7 +169,9 @@ def records_of(tails: Sequence[FileTail], lines: pl.DataFrame, flush: Sequence[b
     lines = lines.join(info.select("_t", "_flush"), on="_t", how="left", maintain_order="left")
     records, held = multiline.group_lines(lines, final=all(flush), flush_col="_flush", order=("_t", "offset"))
     keep = [c for c in held.columns if c not in ("_t", "_flush")]
-    by_file = held.partition_by("_t", as_dict=True, include_key=False) if held.height else {}
+    # held lines outlive the poll: copied out of its buffers (a few lines of an idle file
+    # would otherwise keep the whole poll's text, see ckptwatch.frames.detached)
+    by_file = detached(held).partition_by("_t", as_dict=True, include_key=False) if held.height else {}
     for i, tail in enumerate(tails):
         part = by_file.get((i,))
         tail.held = part.select(keep) if part is not None else pl.DataFrame()
