@@ -1,3 +1,3 @@
-from ckptwatch.cli import main
+from ckptwatch.entry import main
 
 main()
