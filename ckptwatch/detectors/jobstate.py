@@ -22,7 +22,7 @@ from ckptwatch.detectors.incident import EvidenceItem
 from ckptwatch.frames import detached
 
 #: progress lines kept per rank (past it, the oldest half goes): their time, step and place
-MAX_PROGRESS = 512
+MAX_PROGRESS = 256
 #: of those, the newest ones that keep their text, attrs and labels too (the rest are "bare":
 #: a query returning one gets an :class:`Ev` with its time, step, rank and place, no text).
 #: No incident quotes a progress line (a save's implicit end counts by its time); the
