@@ -2,7 +2,7 @@
 """Events through Kafka, collector to detector, without detection (issue 15: "the fleet
 path carries >= 100,000 events/s from collectors to detectors").
 
-    .venv/bin/python benchmarks/kafka_transport.py [--events 300000] [--kafka HOST:PORT]
+    .venv/bin/python benchmarks/kafka_transport.py [--events 300000] [--kafka HOST:PORT] [--detect]
 
 1. ``ckptwatch simulate`` writes a fleet (8 jobs x 4 nodes x 8 ranks); ingest and the rules
    turn it into the events frame a collector publishes; the frame is repeated (new offsets)
@@ -16,6 +16,8 @@ path carries >= 100,000 events/s from collectors to detectors").
    baseline) and ``arrow`` (zstd Arrow IPC, no Kafka compression), same events, same broker.
 5. Two consumer processes in one group (``wait_for_members``: both hold partitions before
    the events are published) read one Arrow publication: each one's share and rate.
+6. ``--detect``: Arrow again, the consumer doing a detector's work on every frame it decodes
+   (``process_frame``, ``advance``): the fleet path with detection, one detector.
 
 Prints events/s per stage and end to end (first message built -> last frame decoded), the
 bytes on the wire, and which CRC32C kafka-python uses (its pure-Python one unless the
@@ -44,6 +46,7 @@ from kafka import KafkaConsumer  # noqa: E402
 from kafka.record import util as record_util  # noqa: E402
 from kafka_support import fresh_config, kafka_local, wait_for_members  # noqa: E402
 
+from ckptwatch.detectors.runner import Detector, DetectorConfig  # noqa: E402
 from ckptwatch.ingest.layout import compile_template  # noqa: E402
 from ckptwatch.ingest.stats import Stats  # noqa: E402
 from ckptwatch.ingest.watcher import SourceWatcher  # noqa: E402
@@ -67,14 +70,18 @@ def fleet_events(tmp: Path, n: int) -> pl.DataFrame:
             break
     watcher.close()
     one = pl.concat([f for f in frames if not f.is_empty()])
-    copies = [one.with_columns(pl.col("offset") + i * (1 << 40)) for i in range(-(-n // one.height))]
+    # each copy a fleet of its own (new job ids, offsets): detection sees new jobs, not re-deliveries
+    copies = [one.with_columns(pl.col("offset") + i * (1 << 40), pl.col("job") + f"-c{i}")
+              for i in range(-(-n // one.height))]
     return pl.concat(copies).head(n)
 
 
-def transport(events: pl.DataFrame, fmt: str, tmp: Path, bootstrap: str, partitions: int
-              ) -> tuple[float, list, int]:
+def transport(events: pl.DataFrame, fmt: str, tmp: Path, bootstrap: str, partitions: int, *,
+              detect: bool = False) -> tuple[float, list, int]:
     """Publish ``events`` in format ``fmt`` to a new topic and consume them back; prints the
-    stage times. Returns (events/s end to end, the messages, bytes of values consumed)."""
+    stage times. ``detect``: the consumer also does a detector's work on each poll's frame
+    (:meth:`Detector.process_frame` and :meth:`Detector.advance`, as ``DetectorMember.step``
+    does). Returns (events/s end to end, the messages, bytes of values consumed)."""
     cfg = fresh_config(bootstrap, tmp, partitions=partitions)
     cfg = dataclasses.replace(cfg, collect=dataclasses.replace(cfg.collect, paths=[str(tmp / "none")]),
                               kafka=dataclasses.replace(cfg.kafka, events_format=fmt))
@@ -89,18 +96,28 @@ def transport(events: pl.DataFrame, fmt: str, tmp: Path, bootstrap: str, partiti
                              enable_auto_commit=False, group_id=None, fetch_max_bytes=64 << 20,
                              max_partition_fetch_bytes=16 << 20)
     got, wire = 0, 0
+    detector = Detector(DetectorConfig(source_idle=60.0)) if detect else None
     t3 = time.perf_counter()
     while got < events.height:
         batches = consumer.poll(timeout_ms=1000, max_records=10_000)
         values = [r.value for recs in batches.values() for r in recs]
         wire += sum(len(v) for v in values)
-        got += codec.decode_events(values).height
+        frame = codec.decode_events(values)
+        got += frame.height
+        if detector is not None:
+            detector.process_frame(frame)
+            detector.advance()
+    if detector is not None:
+        detector.advance(final=True)
     t4 = time.perf_counter()
     consumer.close()
     n = events.height
+    stage = "consume + decode + detect" if detect else "consume + decode"
     for name, s in (("messages (keys, batches)", t1 - t0), ("publish (acks=all)", t2 - t1),
-                    ("consume + decode", t4 - t3), ("end to end", (t2 - t0) + (t4 - t3))):
+                    (stage, t4 - t3), ("end to end", (t2 - t0) + (t4 - t3))):
         print(f"{fmt:8}{name:34}{s:8.2f}{n / s:12,.0f}")
+    if detector is not None:
+        print(f"{'':8}detector: {len(detector.jobs)} jobs, {len(detector.incidents())} incidents")
     return n / ((t2 - t0) + (t4 - t3)), msgs, wire
 
 
@@ -156,6 +173,7 @@ def main() -> None:
     ap.add_argument("--kafka", help="bootstrap of a running broker (default: start one)")
     ap.add_argument("--formats", nargs="+", default=["ndjson", "arrow"], choices=["ndjson", "arrow"],
                     help="events formats to measure, in this order (ndjson: the baseline)")
+    ap.add_argument("--detect", action="store_true", help="also Arrow with a detector's work on every frame")
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="ckptwatch-transport-"))
     local = kafka_local()
@@ -173,6 +191,9 @@ def main() -> None:
             print(f"{'':8}{len(msgs):,} messages, {wire / 1e6:.1f} MB of values")
         if len(rates) == 2:
             print(f"arrow / ndjson end to end: {rates['arrow'] / rates['ndjson']:.2f}x")
+        if a.detect:
+            rate, _, _ = transport(events, "arrow", tmp, bootstrap, a.partitions, detect=True)
+            print(f"with detection (arrow, one detector): {rate:,.0f} events/s")
         shares(events, tmp, bootstrap, a.partitions)
         print("target: >= 100,000 events/s end to end")
     finally:
