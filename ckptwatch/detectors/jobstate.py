@@ -84,24 +84,21 @@ class Payloads:
     def compact(self, buckets: list[RankProgress]) -> None:
         """Keep only the rows ``buckets`` still reference (one frame, one list), renumbering
         their refs: rows of lines trimmed or made bare are let go."""
-        refs = [r for b in buckets for r in b.ref if r >= 0]
-        old = pl.concat(self.frames) if self.frames else None
-        first = self.bases[0] if self.bases else 0
-        frame = old[[r - first for r in refs]] if old is not None and refs else None
-        single, renumber = [], {}
-        for b in buckets:
-            for i, r in enumerate(b.ref):
-                if BARE < r < 0:
-                    single.append(self.single[-r - 1])
-                    renumber[i, id(b)] = -len(single)
+        refs: list[int] = []  # the old numbers of the rows kept, in their new order
+        single: list[Ev] = []
         at = self.rows
         for b in buckets:
             for i, r in enumerate(b.ref):
                 if r >= 0:
-                    b.ref[i] = at
-                    at += 1
+                    refs.append(r)
+                    b.ref[i] = at + len(refs) - 1
                 elif r > BARE:
-                    b.ref[i] = renumber[i, id(b)]
+                    single.append(self.single[-r - 1])
+                    b.ref[i] = -len(single)
+        old = pl.concat(self.frames) if self.frames and refs else None
+        first = self.bases[0] if self.bases else 0
+        frame = old[[r - first for r in refs]] if old is not None else None
+        at += len(refs)
         self.frames = [detached(frame)] if frame is not None else []
         self.bases = [self.rows] if frame is not None else []
         self.rows = at
@@ -483,7 +480,7 @@ class JobState:
     @property
     def progress_by_rank(self) -> dict[int, RankProgress]:
         """The job's progress lines (``metric`` events, deduplicated) per rank, in time order,
-        the newest :data:`MAX_PROGRESS` of each: a save without an end line ends at its
+        the newest ``progress_cap`` of each (:meth:`_prune`): a save without an end line ends at its
         rank's next one, a save line without a step takes the rank's last one's."""
         self.settle()
         return self._progress
@@ -496,9 +493,8 @@ class JobState:
         if bucket is None:
             bucket = self._progress[rank] = RankProgress(self._payloads, rank)
         bucket.add(ev)
-        if len(bucket) - bucket.bare > self.payload_keep:
-            self._prune(rank, bucket)
-            self._compact()
+        self._prune(rank, bucket)
+        self._compact()
 
     @property
     def progress(self) -> list[Ev]:
