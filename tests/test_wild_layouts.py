@@ -33,9 +33,11 @@ def test_srun_labels_padded_to_the_widest_task_id_are_read():
     assert inc["root_cause"]["rank"] == 0 and "TIME LIMIT" in inc["root_cause"]["line"]
 
 
-@pytest.mark.parametrize("preamble", [0, 600])
+@pytest.mark.parametrize("preamble", [0, 600, 2000])
 def test_srun_labels_after_an_unlabelled_banner_are_read(tmp_path, preamble):
-    """The labels start after the batch script's banner (and, here, 600 lines of ``pip freeze``)."""
+    """The labels start after the batch script's banner (and, here, 600 or 2,000 lines of ``pip
+    freeze``: with 2,000 the file is over 32 KB and read in bulk, so the labels are looked for
+    in a Series, not a list)."""
     freeze = "".join(f"package{i}==1.{i}.0\n" for i in range(preamble))
     text = (WILD / "srun-banner.txt").read_text() + freeze + (WILD / "srun-label-body.txt").read_text()
     (tmp_path / "slurm-8001.out").write_text(text)

@@ -42,16 +42,27 @@ _AGENT_LOCAL = r"\blocal_rank: (?P<lr>\d+)"
 @dataclass
 class Read:
     """One file's part of a poll: ``lines`` (``(offset, text)``, file order) read now,
-    to be put after the file's held-back lines; ``flush``: emit the last record of each
-    stream too (the file ended, or was idle ``flush_after``); ``mtime``: the file's
-    mtime (UTC); ``emitted``: records already made during the read (the held-back lines
-    of a generation the file's truncation ended)."""
+    to be put after the file's held-back lines, or ``block`` (the same as a frame:
+    ``offset``, ``line``; a read split in bulk, see :mod:`ckptwatch.ingest.reader`);
+    ``flush``: emit the last record of each stream too (the file ended, or was idle
+    ``flush_after``); ``mtime``: the file's mtime (UTC); ``emitted``: records already made
+    during the read (the held-back lines of a generation the file's truncation ended)."""
 
     tail: FileTail
     lines: list[tuple[int, str]]
     flush: bool
     mtime: dt.datetime
     emitted: list[pl.DataFrame] = field(default_factory=list)
+    block: pl.DataFrame | None = None
+
+    @property
+    def count(self) -> int:
+        """How many lines were read."""
+        return self.block.height if self.block is not None else len(self.lines)
+
+    def texts(self) -> list[str] | pl.Series:
+        """The lines' text, file order (a Series for a read split in bulk)."""
+        return self.block["line"] if self.block is not None else [x for _, x in self.lines]
 
 
 def emit(reads: Sequence[Read], *, now: dt.datetime) -> pl.DataFrame:
@@ -60,7 +71,7 @@ def emit(reads: Sequence[Read], *, now: dt.datetime) -> pl.DataFrame:
     the last of each stream unless ``flush``), dated and labelled; updates each file's
     state. ``now``: wall-clock time of the poll (UTC)."""
     frames = [f for r in reads for f in r.emitted]
-    active = [r for r in reads if r.tail.source_id is not None and (r.lines or not r.tail.held.is_empty())]
+    active = [r for r in reads if r.tail.source_id is not None and (r.count or not r.tail.held.is_empty())]
     if active:
         lines = _with_held(active, _split(active))
         frames.append(records_of([r.tail for r in active], lines, [r.flush for r in active],
@@ -80,7 +91,7 @@ def _undecided(t: FileTail) -> bool:
     return t.layout is None or (not prefix.labelled(t.layout) and t.sniffed < SNIFF_UNTIL)
 
 
-def _sniff(t: FileTail, lines: list[str], *, candidates: bool) -> None:
+def _sniff(t: FileTail, lines: list[str] | pl.Series, *, candidates: bool) -> None:
     """Decide the file's label prefixes (:func:`prefix.sniff`) from its first lines; while
     none is found (for its first :data:`SNIFF_UNTIL` lines), again from the first line that
     looks labelled by srun (``N: ``) whenever new ones come (``candidates``: ``lines`` hold
@@ -88,19 +99,27 @@ def _sniff(t: FileTail, lines: list[str], *, candidates: bool) -> None:
     freeze`` or an environment dump, and a live tail's first read may hold nothing else.
     Once found, a layout stays."""
     if t.layout is None:
-        t.layout = dataclasses.replace(prefix.sniff(lines[:SNIFF_LINES]), template=t.line_prefix)
+        t.layout = dataclasses.replace(prefix.sniff(_listed(lines[:SNIFF_LINES])), template=t.line_prefix)
         if prefix.labelled(t.layout):
             return
     t.sniffed += len(lines)
-    pool = lines if len(lines) >= SNIFF_LINES else (t.sniff_buf + lines)[-SNIFF_LINES:]
-    t.sniff_buf = pool[-SNIFF_KEEP:] if t.sniffed < SNIFF_UNTIL else []
+    pool = lines if len(lines) >= SNIFF_LINES else (t.sniff_buf + _listed(lines))[-SNIFF_LINES:]
+    t.sniff_buf = _listed(pool[-SNIFF_KEEP:]) if t.sniffed < SNIFF_UNTIL else []
     if not candidates:
         return
-    start = next((i for i, x in enumerate(pool) if _TASK_START.match(x)), 0)
-    again = prefix.sniff(pool[start:start + SNIFF_LINES])
+    if isinstance(pool, pl.Series):
+        first = pool.str.contains(f"^(?:{prefix.TASK_PREFIX_RE})").arg_true()
+        start = int(first[0]) if len(first) else 0
+    else:
+        start = next((i for i, x in enumerate(pool) if _TASK_START.match(x)), 0)
+    again = prefix.sniff(_listed(pool[start:start + SNIFF_LINES]))
     if prefix.labelled(again):
         t.layout = dataclasses.replace(again, template=t.line_prefix)
         t.sniff_buf = []
+
+
+def _listed(lines: list[str] | pl.Series) -> list[str]:
+    return lines.to_list() if isinstance(lines, pl.Series) else lines
 
 
 def _split(reads: Sequence[Read]) -> pl.DataFrame:
@@ -114,11 +133,18 @@ def _split(reads: Sequence[Read]) -> pl.DataFrame:
          "line": [x for r in reads for _, x in r.lines]},
         schema={"_t": pl.Int32, "offset": pl.Int64, "line": pl.Utf8},
     )
-    undecided = [i for i, r in enumerate(reads) if r.lines and _undecided(r.tail)]
+    blocks = [r.block.select(pl.lit(i, dtype=pl.Int32).alias("_t"), "offset", "line")
+              for i, r in enumerate(reads) if r.block is not None]
+    if blocks:  # reads split in bulk; a file's lines stay together, files in the reads' order
+        mixed = not raw.is_empty()
+        raw = pl.concat([raw, *blocks])
+        if mixed:
+            raw = raw.sort("_t", maintain_order=True)
+    undecided = [i for i, r in enumerate(reads) if r.count and _undecided(r.tail)]
     if undecided:  # which of them hold a line srun may have labelled: one pass over the batch
         labelled = _files_with(raw.filter(pl.col("_t").is_in(undecided)), prefix.TASK_PREFIX_RE, literal=False)
         for i in undecided:
-            _sniff(reads[i].tail, [x for _, x in reads[i].lines], candidates=i in labelled)
+            _sniff(reads[i].tail, reads[i].texts(), candidates=i in labelled)
     if raw.is_empty():
         return raw.with_columns(stream_key=pl.lit(None, dtype=pl.Utf8))
     raw = multiline.unwrap(raw, by="_t")

@@ -16,6 +16,11 @@
   rule, path or incident id sees them; offsets stay the byte offsets of the file.
   Vectorized per read (one polars ``str.replace_all`` over the batch) and only when the
   bytes read hold an ESC at all.
+
+A read of at least :data:`BULK_BYTES` whose bytes are valid UTF-8 with no lone ``\\r`` is
+split into lines by polars in one pass (:attr:`ReadResult.block`), with no Python string
+per line; any other read goes line by line. Both give the same lines, offsets and skips
+(``tests/test_reader_bulk.py`` compares them on random bytes).
 """
 
 from __future__ import annotations
@@ -37,17 +42,49 @@ class ReadResult:
     """What one read produced.
 
     Attributes:
-        lines: ``(offset, text)`` pairs; ``offset`` is the byte offset of the line start.
+        pairs: ``(offset, text)`` of the lines read one by one; ``offset`` is the byte
+            offset of the line start.
         next_offset: where the next read starts (after the last complete line consumed).
         skipped: ``(reason, offset, n_bytes)`` for each line not returned.
         invalid_utf8: how many returned lines had bytes that are not UTF-8.
+        block: the lines of a read split in bulk, as a frame (``offset`` Int64, ``line``
+            Utf8), or None; a read has its lines in ``pairs`` or in ``block``, never both.
     """
 
-    lines: list[tuple[int, str]] = field(default_factory=list)
+    pairs: list[tuple[int, str]] = field(default_factory=list)
     next_offset: int = 0
     skipped: list[tuple[str, int, int]] = field(default_factory=list)
     invalid_utf8: int = 0
+    block: pl.DataFrame | None = None
     _ansi: bool = field(default=False, repr=False, compare=False)  # the bytes read hold an ESC
+
+    @property
+    def count(self) -> int:
+        """How many lines were read."""
+        return self.block.height if self.block is not None else len(self.pairs)
+
+    @property
+    def lines(self) -> list[tuple[int, str]]:
+        """Every line as ``(offset, text)``, in file order (a Python object per line: for
+        tests and small reads; the pipeline takes :meth:`frame`)."""
+        if self.block is None:
+            return self.pairs
+        return list(zip(self.block["offset"].to_list(), self.block["line"].to_list(), strict=True))
+
+    def frame(self) -> pl.DataFrame:
+        """The lines as a frame: ``offset`` (Int64), ``line`` (Utf8), in file order."""
+        if self.block is not None:
+            return self.block
+        return pl.DataFrame({"offset": [o for o, _ in self.pairs], "line": [x for _, x in self.pairs]},
+                            schema=LINE_SCHEMA)
+
+
+#: the columns of :meth:`ReadResult.frame`
+LINE_SCHEMA = {"offset": pl.Int64, "line": pl.Utf8}
+
+#: a read of at least this many bytes is split into lines by polars in one pass; below it
+#: the per-line loop costs less than polars' fixed cost per call (a live tail's few lines)
+BULK_BYTES = 32 << 10
 
 
 #: one ANSI escape sequence (ECMA-48): CSI ``ESC [ params intermediates final``, OSC ``ESC ] …``
@@ -93,7 +130,7 @@ def _split_json_cr(raw: bytes, start: int, res: ReadResult) -> bool:
         return False
     for i, part in enumerate(doc[key].split("\r")):
         if part.strip():
-            res.lines.append((start + i, json.dumps({**doc, key: part}, ensure_ascii=False)))
+            res.pairs.append((start + i, json.dumps({**doc, key: part}, ensure_ascii=False)))
     return True
 
 
@@ -102,7 +139,7 @@ def _split_cr(raw: bytes, start: int, res: ReadResult) -> None:
     pos = 0
     for part in raw.split(b"\r"):
         if part.strip():
-            res.lines.append((start + pos, _decode(part, res)))
+            res.pairs.append((start + pos, _decode(part, res)))
         pos += len(part) + 1
 
 
@@ -113,17 +150,24 @@ def read_lines(
     final: bool = False,
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    bulk_bytes: int = BULK_BYTES,
 ) -> ReadResult:
     """Read the complete lines of ``source`` (a path, or a file open in binary mode that
-    stays open) from byte ``offset``; at most about ``chunk_bytes`` bytes per call.
+    stays open) from byte ``offset``; at most about ``chunk_bytes`` bytes per call. A read
+    of ``bulk_bytes`` or more is split in bulk when it can be (see the module's docstring).
 
     Raises OSError if the file cannot be opened or read.
     """
-    res = _read_lines(source, offset, final=final, max_line_bytes=max_line_bytes, chunk_bytes=chunk_bytes)
-    if res._ansi and res.lines:
+    res = _read_lines(source, offset, final=final, max_line_bytes=max_line_bytes, chunk_bytes=chunk_bytes,
+                      bulk_bytes=bulk_bytes)
+    if res._ansi and res.block is not None:
+        escaped = pl.col("line").str.contains("\x1b", literal=True) | pl.col("line").str.contains("\\u001", literal=True)
+        res.block = res.block.with_columns(
+            pl.when(escaped).then(pl.col("line").str.replace_all(ANSI_ESCAPE, "")).otherwise(pl.col("line")))
+    elif res._ansi and res.pairs:
         # only the lines that hold an escape go through polars (building a Series of every
         # line costs more than the regex itself); one replace_all over them all
-        lines = res.lines
+        lines = res.pairs
         hit = [i for i, (_, t) in enumerate(lines) if "\x1b" in t or "\\u001" in t]
         if hit:
             clean = strip_ansi(pl.Series([lines[i][1] for i in hit], dtype=pl.Utf8)).to_list()
@@ -132,14 +176,51 @@ def read_lines(
     return res
 
 
+def _bulk(buf: bytes, offset: int, end: int, res: ReadResult, max_line_bytes: int) -> bool:
+    """Split ``buf[:end]`` (starting at file offset ``offset``) into ``res.block`` in one
+    polars pass, as the per-line loop would: ``\\r\\n`` endings lose the ``\\r``, lines
+    over ``max_line_bytes`` are skipped, a trailing newline ends the last line. False (and
+    ``res`` untouched) when the bytes need the loop: invalid UTF-8, a ``\\r`` not before a
+    newline (progress bars), a JSON-escaped ``\\r``."""
+    slab = buf[:end] if end < len(buf) else buf
+    crs = slab.count(b"\r")
+    if (crs and crs != slab.count(b"\r\n")) or b"\\r" in slab:
+        return False
+    try:
+        text = slab.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    lines = pl.Series("line", [text], dtype=pl.Utf8).str.split("\n").explode()
+    if slab.endswith(b"\n"):  # the empty string after the last newline is no line
+        lines = lines.head(len(lines) - 1)
+    size = lines.str.len_bytes().cast(pl.Int64)
+    block = pl.DataFrame({"offset": (size + 1).cum_sum() - (size + 1) + offset, "line": lines})
+    if crs:
+        block = block.with_columns(pl.col("line").str.strip_suffix("\r"))
+    too_long = size > max_line_bytes
+    if too_long.any():
+        res.skipped.extend(("line_too_long", o, n) for o, n in zip(block["offset"].filter(too_long).to_list(),
+                                                                 size.filter(too_long).to_list(), strict=True))
+        block = block.filter(~too_long)
+    res.block = block
+    res.next_offset = offset + end
+    return True
+
+
 def _read_lines(source: str | BinaryIO, offset: int, *, final: bool, max_line_bytes: int,
-                chunk_bytes: int) -> ReadResult:
+                chunk_bytes: int, bulk_bytes: int = BULK_BYTES) -> ReadResult:
     """:func:`read_lines` without removing ANSI escapes (it sets ``_ansi`` when there may be some)."""
     res = ReadResult(next_offset=offset)
     with _opened(source) as f:
         f.seek(offset)
         buf = f.read(chunk_bytes)
         res._ansi = b"\x1b" in buf or b"\\u001" in buf
+        # in bulk: every complete line, and the last one too when the file ends in this read
+        end = buf.rfind(b"\n") + 1
+        if final and len(buf) < chunk_bytes:
+            end = len(buf)
+        if end and end >= bulk_bytes and len(buf) - end <= max_line_bytes and _bulk(buf, offset, end, res, max_line_bytes):
+            return res
         pos = 0
         while True:
             nl = buf.find(b"\n", pos)
@@ -163,10 +244,10 @@ def _read_lines(source: str | BinaryIO, offset: int, *, final: bool, max_line_by
                             res.skipped.append(("line_too_long", start, n))
                             res.next_offset = start + n + 1
                             # continue with a fresh chunk after the huge line
-                            more = _read_lines(f, res.next_offset, final=final,
-                                               max_line_bytes=max_line_bytes, chunk_bytes=chunk_bytes)
+                            more = _read_lines(f, res.next_offset, final=final, max_line_bytes=max_line_bytes,
+                                               chunk_bytes=chunk_bytes, bulk_bytes=bulk_bytes)
                             res._ansi = res._ansi or more._ansi
-                            res.lines.extend(more.lines)
+                            res.pairs.extend(more.lines)
                             res.skipped.extend(more.skipped)
                             res.invalid_utf8 += more.invalid_utf8
                             res.next_offset = more.next_offset
@@ -176,7 +257,7 @@ def _read_lines(source: str | BinaryIO, offset: int, *, final: bool, max_line_by
                     if b"\r" in buf[pos:].rstrip(b"\r"):
                         _split_cr(buf[pos:], offset + pos, res)
                     else:
-                        res.lines.append((offset + pos, _decode(buf[pos:], res)))
+                        res.pairs.append((offset + pos, _decode(buf[pos:], res)))
                     res.next_offset = offset + len(buf)
                 return res
             raw = buf[pos:nl]
@@ -187,7 +268,7 @@ def _read_lines(source: str | BinaryIO, offset: int, *, final: bool, max_line_by
             elif raw[:1] == b"{" and b"\\r" in raw and _split_json_cr(raw, offset + pos, res):
                 pass
             else:
-                res.lines.append((offset + pos, _decode(raw, res)))
+                res.pairs.append((offset + pos, _decode(raw, res)))
             pos = nl + 1
             res.next_offset = offset + pos
 

@@ -353,14 +353,15 @@ class FileTail:
         except (OSError, EOFError) as e:  # EOFError: a truncated .gz
             raise InputError(f"{self.path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
         self.offset = res.next_offset
-        self.stats.lines += len(res.lines)
+        self.stats.lines += res.count
         self.stats.invalid_utf8 += res.invalid_utf8
         for reason, _off, _n in res.skipped:
             self.stats.skip(reason)
-        if res.lines or self._last_growth is None:
+        if res.count or self._last_growth is None:
             self._last_growth = now
         idle = (now - self._last_growth).total_seconds() >= self.flush_after
-        return batch.Read(self, res.lines, flush=(final and not self.more) or idle, mtime=mtime, emitted=emitted)
+        return batch.Read(self, res.pairs, flush=(final and not self.more) or idle, mtime=mtime, emitted=emitted,
+                          block=res.block)
 
     def at_rest(self, path: str, sig: tuple[int, int]) -> bool:
         """True if a poll of this file would do nothing, judged from the ``(size, mtime_ns)``
