@@ -772,21 +772,14 @@ class RuleSet:
             )
         attr_names = list(dict.fromkeys(c.split("__")[0] for c in groups.columns
                                          if c.split("__")[0] not in _COLUMN_GROUPS and c != "ts"))
-        attrs_df = pl.DataFrame([_cast_attr(_coalesced(groups, n)) for n in attr_names]) if attr_names else pl.DataFrame()
-        static = rule.attrs
-        attrs_json = []
-        rows = attrs_df.to_dicts() if attr_names else [{} for _ in range(hit.height)]
+        captured = (pl.DataFrame([_cast_attr(_coalesced(groups, n)) for n in attr_names]) if attr_names
+                    else hit.select(pl.int_range(pl.len()).alias("_row")))  # no attribute: a frame of the rows
         multi = hit["line"].str.contains("\n", literal=True)
-        during = self._during(hit["line"], multi) if multi.any() else [None] * hit.height
-        at_line = _match_lines(hit["line"], rule.pattern, multi) if multi.any() else [0] * hit.height
-        for row, code, n in zip(rows, during, at_line, strict=True):
-            d = {k: v for k, v in row.items() if v is not None}
-            d.update(static)
-            if code is not None and "during" not in d:
-                d["during"] = code
-            if n:
-                d["at_line"] = n
-            attrs_json.append(json.dumps(d, sort_keys=True))
+        if multi.any():  # tracebacks: the code they ran through, the line a report should cite
+            captured = captured.with_columns(
+                pl.Series("_during", self._during(hit["line"], multi), dtype=pl.Utf8),
+                pl.Series("_at_line", _match_lines(hit["line"], rule.pattern, multi), dtype=pl.Int64))
+        attrs_json = attrs_json_of(captured, rule.attrs)
         for name in ("pid", "step", "path"):
             if name not in df.columns:
                 df = df.with_columns(pl.lit(None, dtype=_COLUMN_GROUPS[name]).alias(name))
@@ -805,9 +798,9 @@ class RuleSet:
             path.alias("path"),
             pl.lit(rule.event).alias("kind"),
             pl.lit(rule.id).alias("rule_id"),
-            pl.Series("attrs", attrs_json, dtype=pl.Utf8),
+            attrs_json.alias("attrs"),
         )
-        df = df.with_columns(pl.Series("dedup_key", _dedup_keys(df), dtype=pl.Utf8))
+        df = df.with_columns(_dedup_keys(df).alias("dedup_key"))
         return df.select(["_rid", *EVENT_SCHEMA]).cast({k: v for k, v in EVENT_SCHEMA.items()})  # type: ignore[arg-type]
 
 
@@ -893,22 +886,91 @@ def _parse_captured_ts(values: pl.Series, context: pl.Series) -> pl.Series:
     return out.select(pl.when(pl.col("ts_source") == "line").then(pl.col("ts")).alias("ts"))["ts"]
 
 
-def _dedup_keys(df: pl.DataFrame) -> list[str]:
+def _dedup_keys(df: pl.DataFrame) -> pl.Series:
     """The same worker line read twice (console with ``--tee`` and the per-rank file) gets
     the same key: job, local rank (else rank, else host), the record text and, when the record has
     its own time, that time. Records without their own time (tracebacks) key on text alone,
     because the line before them differs between the two files; but in a file with no
-    time at all (its mtime stands in) the file is part of the key."""
-    keys = []
-    cols = df.select("job", "host", "local_rank", "rank", "line", "ts", "ts_source", "source_id").iter_rows()
-    for job, host, lr, rank, line, ts, src, sid in cols:
-        # no rank: the host tells two workers' identical lines apart (a pod's own log file)
-        who = f"l{lr}" if lr is not None else (f"r{rank}" if rank is not None else (f"h{host}" if host else "-"))
-        # a file with no time at all (print() logs): the same line in two such files is two events
-        # (a restarted run printing its save line again), not one seen twice
-        when = ts.isoformat() if src == "line" and ts is not None else (f"@{sid}" if src == "mtime" else "")
-        keys.append(hashlib.sha256(f"{job}\x1f{who}\x1f{when}\x1f{line}".encode()).hexdigest()[:20])
-    return keys
+    time at all (its mtime stands in) the file is part of the key.
+
+    The key is the first 20 hex digits of the SHA-256 of ``job \\x1f who \\x1f when \\x1f
+    line`` (``who``: ``l<local_rank>``, ``r<rank>``, ``h<host>`` or ``-``; ``when``: the
+    time in Python's ``isoformat`` or ``@<source_id>``); the strings are built in one polars
+    pass, only the hash is per row."""
+    host = pl.col("host")
+    who = (pl.when(pl.col("local_rank").is_not_null()).then(pl.format("l{}", pl.col("local_rank")))
+           # no rank: the host tells two workers' identical lines apart (a pod's own log file)
+           .when(pl.col("rank").is_not_null()).then(pl.format("r{}", pl.col("rank")))
+           .when(host.is_not_null() & (host != "")).then(pl.format("h{}", host))
+           .otherwise(pl.lit("-")))
+    ts = pl.col("ts")
+    iso = pl.concat_str([  # datetime.isoformat() of a UTC time: microseconds only when not zero
+        ts.dt.strftime("%Y-%m-%dT%H:%M:%S"),
+        pl.when(ts.dt.microsecond() != 0).then(pl.format(".{}", ts.dt.microsecond().cast(pl.Utf8).str.zfill(6)))
+        .otherwise(pl.lit("")),
+        pl.lit("+00:00")])
+    # a file with no time at all (print() logs): the same line in two such files is two events
+    # (a restarted run printing its save line again), not one seen twice
+    when = (pl.when((pl.col("ts_source") == "line") & ts.is_not_null()).then(iso)
+            .when(pl.col("ts_source") == "mtime").then(pl.format("@{}", pl.col("source_id")))
+            .otherwise(pl.lit("")))
+    # one chunk per column first: over the multi-chunk columns a poll's concat gives, polars
+    # 2.1 can panic in this when/then + concat_str ("assertion failed: i < self.len()")
+    cols = df.select("job", "host", "local_rank", "rank", "line", "ts", "ts_source", "source_id").rechunk()
+    text = cols.select(pl.concat_str([pl.col("job").fill_null("None"), who, when.fill_null(""),
+                                      pl.col("line").fill_null("None")], separator="\x1f")).to_series()
+    return pl.Series("dedup_key", [hashlib.sha256(t.encode()).hexdigest()[:20] for t in text.to_list()],
+                     dtype=pl.Utf8)
+
+
+def attrs_json_of(captured: pl.DataFrame, static: dict[str, Any]) -> pl.Series:
+    """Each row's attributes as a JSON object (keys sorted), built in one polars pass.
+
+    ``captured``: one column per captured group (Int64, Float64 or Utf8; null where the
+    line did not have it: the key is left out), and optionally ``_during`` (Utf8: the code a
+    traceback ran through, kept as ``during`` unless the row has one) and ``_at_line``
+    (Int64: the line of a multi-line record the match starts on, kept when not 0).
+    ``static``: the rule's constant attributes, which win over captured ones. The text is
+    ``json.dumps(d, sort_keys=True)``'s up to number spelling and non-ASCII escapes (same
+    values when parsed); NaN and infinities are spelled as Python's ``json`` does."""
+    names = [c for c in captured.columns if not c.startswith("_")]
+    keys = sorted(set(names) | set(static) | ({"during"} if "_during" in captured.columns else set())
+                  | ({"at_line"} if "_at_line" in captured.columns else set()))
+    frags: list[pl.Expr] = []
+    for k in keys:
+        head = json.dumps(k) + ": "
+        if k in static:
+            value: pl.Expr = pl.lit(json.dumps(static[k]))
+        else:
+            value = _json_value(captured, k) if k in names else pl.lit(None, dtype=pl.Utf8)
+        if k == "during" and "_during" in captured.columns and k not in static:
+            value = pl.coalesce(value, _json_value(captured, "_during"))
+        if k == "at_line" and "_at_line" in captured.columns:
+            value = pl.when(pl.col("_at_line") != 0).then(pl.col("_at_line").cast(pl.Utf8)).otherwise(value)
+        frags.append(pl.concat_str([pl.lit(head), value]))
+    if not frags:
+        return pl.repeat("{}", captured.height, eager=True, dtype=pl.Utf8).alias("attrs")
+    body = pl.concat_list(frags).list.drop_nulls().list.join(", ")
+    out = captured.select(pl.concat_str([pl.lit("{"), body, pl.lit("}")]).alias("attrs")).to_series()
+    if len(out) != captured.height:  # static attributes only: one literal row
+        out = pl.repeat(out[0], captured.height, eager=True, dtype=pl.Utf8).alias("attrs")
+    return out
+
+
+def _json_value(frame: pl.DataFrame, name: str) -> pl.Expr:
+    """Column ``name`` of ``frame`` as JSON text per row (null where null)."""
+    col = pl.col(name)
+    dtype = frame.schema[name]
+    if dtype == pl.Float64:
+        return (pl.when(col.is_nan()).then(pl.lit("NaN"))
+                .when(col == float("inf")).then(pl.lit("Infinity"))
+                .when(col == float("-inf")).then(pl.lit("-Infinity"))
+                .otherwise(col.cast(pl.Utf8)))
+    if dtype.is_integer():
+        return col.cast(pl.Utf8)
+    # a string's JSON spelling: a one-field object's encoding without the ``{"_": `` and ``}``
+    encoded = pl.struct(col.cast(pl.Utf8).alias("_")).struct.json_encode()
+    return pl.when(col.is_not_null()).then(encoded.str.slice(5).str.strip_suffix("}"))
 
 
 def _example_records(lines: list[str], source_kind: str) -> pl.DataFrame:
