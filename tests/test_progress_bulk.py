@@ -128,3 +128,6 @@ def test_a_long_job_keeps_bounded_progress_and_the_same_incidents():
     # was found before it was let go
     (end,) = [v for (step, rank, _), v in state.implicit_memo.items() if (step, rank) == (400, 1)]
     assert (end.step, end.ts) == (401, T0 + dt.timedelta(seconds=401))
+    # the saves each rank ended with its own line need no memo: it holds that one save alone,
+    # so it grows with the saves ended implicitly, not with every save of a long job
+    assert sorted((step, rank) for step, rank, _ in state.implicit_memo) == [(400, 1)]

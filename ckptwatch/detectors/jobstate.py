@@ -305,6 +305,9 @@ class JobState:
     #: implicit save ends found once (step, rank, dedup key of the start) -> the progress line: they
     #: stay found when that line is later dropped from a long job's progress
     implicit_memo: dict[tuple[int, int, str], Ev] = field(default_factory=dict)
+    #: (rank, step) -> the newest time of that rank's own end line of that step's save: a start
+    #: ended so needs no implicit end memoized
+    _ended: dict[tuple[int, int], dt.datetime] = field(default_factory=dict)
     #: highest rank / local rank any event of the job carried (-1: none): 0 means one process
     max_rank: int = -1
     #: a line of a node other than the first carried no host: unlabelled local ranks map to nothing
@@ -347,6 +350,10 @@ class JobState:
                 self.events[ev.dedup_key] = ev  # the better-labelled copy of the same line
             return False
         self.events[ev.dedup_key] = ev
+        if ev.kind == "save_end" and ev.step is not None:
+            end = (self.main_rank_of(ev), ev.step)
+            if end not in self._ended or self._ended[end] < ev.ts:
+                self._ended[end] = ev.ts
         if ev.kind == "save_start" and not ev.attrs.get("async"):
             self._starts.setdefault(None, []).append(ev)
         if ev.kind in LOADING_KINDS:
@@ -448,6 +455,8 @@ class JobState:
             memo = (step, rank, start.dedup_key)
             if step is None or memo in self.implicit_memo:
                 continue
+            if self._ended.get((rank, step), _EPOCH) >= start.ts:
+                continue  # the rank printed its own end of this save: no implicit one is asked
             i = bucket.first_after_index(start, start.ts, step, self.copies.get(start.dedup_key, {}))
             if i is None or i >= upto:
                 keep.append(start)  # its end is still to come, or still kept
