@@ -5,6 +5,7 @@ not one Ev each: the same incidents as event by event, and the per-rank store an
 from __future__ import annotations
 
 import datetime as dt
+import math
 
 import polars as pl
 
@@ -131,3 +132,15 @@ def test_a_long_job_keeps_bounded_progress_and_the_same_incidents():
     # the saves each rank ended with its own line need no memo: it holds that one save alone,
     # so it grows with the saves ended implicitly, not with every save of a long job
     assert sorted((step, rank) for step, rank, _ in state.implicit_memo) == [(400, 1)]
+
+
+def test_loss_curve_gives_back_its_points_in_arrival_order():
+    from ckptwatch.detectors.jobstate import LossCurve
+
+    points = [(T0 + dt.timedelta(seconds=s, microseconds=7), s, 2.0 - s / 10) for s in (3, 1, 2)]
+    curve = LossCurve(points)
+    curve.append((T0, 9, math.nan))
+    assert len(curve) == 4 and list(curve)[:3] == points and curve[0] == points[0]
+    assert curve[3][:2] == (T0, 9) and math.isnan(curve[3][2])
+    curve.clear()
+    assert list(curve) == [] and len(curve) == 0
