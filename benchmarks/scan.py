@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Parse throughput and memory against the scan limit, on fleet-like logs (issue 15).
 
-    .venv/bin/python benchmarks/scan.py [--mb 200] [--nodes 40] [--rounds 3] [--keep DIR] [--before CHECKOUT]
+    .venv/bin/python benchmarks/scan.py [--mb 200] [--nodes 40] [--rounds 3] [--keep DIR] [--before CHECKOUT] [--days N]
 
 Writes ``--mb`` MB of logs shaped like a fleet's (``--nodes`` nodes x 8 rank files, one
 job per 4 nodes; torchrun ``[rankN]:`` prefixes, HF / Megatron / DeepSpeed progress and
@@ -110,6 +110,20 @@ def write_logs(root: Path, mb: int, nodes: int, seed: int = 15) -> tuple[int, in
     return files, lines
 
 
+def lengthen(root: Path, days: int) -> None:
+    """Make every file under ``root`` ``days`` times as long, in place: its lines ``days``
+    times, the first copies dated ``days - 1`` .. 1 days before the original (2026-11-30; the
+    glog ``W1130`` / ``E1130`` stamps too), so time moves forward in each file: the same
+    files and jobs, running ``days`` times as long (the issue's "10x larger input")."""
+    for path in sorted(root.rglob("*.log")):
+        data = path.read_bytes()
+        with path.open("wb") as out:
+            for day in range(30 - days + 1, 30):
+                out.write(data.replace(b"2026-11-30", b"2026-11-%02d" % day)
+                          .replace(b"W1130 ", b"W11%02d " % day).replace(b"E1130 ", b"E11%02d " % day))
+            out.write(data)
+
+
 def re_loop(paths: list[Path], rules: list[tuple[str, re.Pattern[str]]]) -> int:
     """The hand-written baseline: per line, every rule's literal with ``in``, then its regex."""
     hits = 0
@@ -127,8 +141,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mb", type=int, default=200)
     ap.add_argument("--nodes", type=int, default=40)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3, help="0: write the logs and stop")
     ap.add_argument("--keep", help="write the logs here and keep them")
+    ap.add_argument("--days", type=int, default=1,
+                    help="make each file this many times as long (earlier-dated copies of its lines first): the "
+                         "memory of a longer input over the same files; at most 29")
     ap.add_argument("--before", metavar="CHECKOUT",
                     help="also time diagnose of another checkout (e.g. `git worktree add /tmp/before HEAD~3`), "
                          "interleaved, on the same bytes: the before/after of a change to the hot path")
@@ -137,11 +154,15 @@ def main() -> None:
     logs = work / "logs"
     if not logs.exists():
         files, lines = write_logs(logs, a.mb, a.nodes)
+        if a.days > 1:
+            lengthen(logs, a.days)
     paths = sorted(logs.rglob("*.log"))
     files = len(paths)
     lines = sum(1 for p in paths for _ in open(p, "rb"))
     size = sum(p.stat().st_size for p in paths)
     print(f"{size / 1e6:.0f} MB, {lines:,} lines, {files:,} files in {logs}", flush=True)
+    if a.rounds == 0:  # only write the logs (with --keep: for a run of your own)
+        return
     ruleset = RuleSet.load()
     rules = [(r.prefilter, re.compile(r.pattern)) for r in ruleset.rules]
     lits = work / "literals.txt"
