@@ -97,9 +97,6 @@ class LossCurve:
     def __getitem__(self, i: int) -> tuple[dt.datetime, int, float]:
         return (from_us(self._ts[i]), self._step[i], self._loss[i])
 
-    def __eq__(self, other: object) -> bool:
-        return list(self) == list(other) if isinstance(other, (LossCurve, list, tuple)) else NotImplemented
-
     def __repr__(self) -> str:
         return f"LossCurve({len(self)} points)"
 
@@ -394,8 +391,7 @@ class JobState:
         self.events[ev.dedup_key] = ev
         if ev.kind == "save_end" and ev.step is not None:
             end = (self.main_rank_of(ev), ev.step)
-            if end not in self._ended or self._ended[end] < ev.ts:
-                self._ended[end] = ev.ts
+            self._ended[end] = max(ev.ts, self._ended.get(end, ev.ts))
         if ev.kind == "save_start" and not ev.attrs.get("async"):
             self._starts.setdefault(None, []).append(ev)
         if ev.kind in LOADING_KINDS:

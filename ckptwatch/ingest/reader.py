@@ -65,14 +65,14 @@ class ReadResult:
 
     @property
     def lines(self) -> list[tuple[int, str]]:
-        """Every line as ``(offset, text)``, in file order (a Python object per line: for
-        tests and small reads; the pipeline takes :meth:`frame`)."""
+        """Every line as ``(offset, text)``, in file order: ``pairs``, or ``block`` made
+        into a Python object per line (the pipeline takes ``pairs`` and ``block`` as they are)."""
         if self.block is None:
             return self.pairs
         return list(zip(self.block["offset"].to_list(), self.block["line"].to_list(), strict=True))
 
     def frame(self) -> pl.DataFrame:
-        """The lines as a frame: ``offset`` (Int64), ``line`` (Utf8), in file order."""
+        """The lines as a frame: ``offset`` (Int64), ``line`` (Utf8), in file order (either path)."""
         if self.block is not None:
             return self.block
         return pl.DataFrame({"offset": [o for o, _ in self.pairs], "line": [x for _, x in self.pairs]},
@@ -161,9 +161,7 @@ def read_lines(
     res = _read_lines(source, offset, final=final, max_line_bytes=max_line_bytes, chunk_bytes=chunk_bytes,
                       bulk_bytes=bulk_bytes)
     if res._ansi and res.block is not None:
-        escaped = pl.col("line").str.contains("\x1b", literal=True) | pl.col("line").str.contains("\\u001", literal=True)
-        res.block = res.block.with_columns(
-            pl.when(escaped).then(pl.col("line").str.replace_all(ANSI_ESCAPE, "")).otherwise(pl.col("line")))
+        res.block = res.block.with_columns(strip_ansi(res.block["line"]))
     elif res._ansi and res.pairs:
         # only the lines that hold an escape go through polars (building a Series of every
         # line costs more than the regex itself); one replace_all over them all
