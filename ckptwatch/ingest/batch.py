@@ -103,6 +103,10 @@ def _sniff(t: FileTail, lines: list[str] | pl.Series, *, candidates: bool) -> No
         if prefix.labelled(t.layout):
             return
     t.sniffed += len(lines)
+    if not candidates and not t.sniff_buf:
+        # no line srun may have labelled so far: the next sniff starts at one in lines to come,
+        # so nothing need be kept (6,080 unlabelled files kept 64 lines each: 70 MB)
+        return
     pool = lines if len(lines) >= SNIFF_LINES else (t.sniff_buf + _listed(lines))[-SNIFF_LINES:]
     t.sniff_buf = _listed(pool[-SNIFF_KEEP:]) if t.sniffed < SNIFF_UNTIL else []
     if not candidates:
