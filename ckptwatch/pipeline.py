@@ -113,6 +113,9 @@ def diagnose(paths: Iterable[str], options: PipelineOptions | None = None,
             records = watcher.poll(final=True)
             events = extract_events(rules, records, stats)
             detector.process_frame(events)
+            position = watcher.read_position()
+            if position is not None:  # a long job's finished saves older than every file's place may go
+                detector.retire_saves(position)
             if progress is not None:
                 progress(stats, watcher.bytes_read)
             if not watcher.backlog:

@@ -356,6 +356,13 @@ class JobState:
     #: per source (file) of the job: (its newest event time, wall time its last event arrived), UTC,
     #: for the low watermark (:meth:`watermark` with ``source_idle``)
     sources: dict[str, tuple[dt.datetime, dt.datetime]] = field(default_factory=dict)
+    #: saves let go (:mod:`.retire`): step -> the newest time of its lines (UTC); a save line
+    #: of that step no newer is a copy read late and is dropped
+    retired: dict[int, dt.datetime] = field(default_factory=dict)
+    #: the ranks that logged a retired save, and whether one was logged by several ranks:
+    #: what :func:`~ckptwatch.detectors.saves.saves_of` expects of the saves that stay
+    retired_ranks: set[int] = field(default_factory=set)
+    retired_multi: bool = False
 
     def __post_init__(self) -> None:
         self._payloads.job = self.job
@@ -373,6 +380,9 @@ class JobState:
             if rank is not None and ev.step is not None and ev.step >= self.last_metric_step.get(rank, -1):
                 self.last_metric_step[rank] = ev.step
             return True
+        until = self.retired.get(ev.step) if ev.kind in ("save_start", "save_end") and ev.step is not None else None
+        if until is not None and ev.ts <= until:
+            return False  # a copy of a line of a save let go (:meth:`forget_saves`)
         known = self.events.get(ev.dedup_key)
         if known is not None and ev.kind in ("save_start", "save_end"):
             # where else the line was read: undated copies are ordered within their own file only
@@ -399,6 +409,28 @@ class JobState:
         elif ev.kind == "integrity":
             self.integrity.append(ev)
         return True
+
+    def forget_saves(self, newest: dict[int, dt.datetime], lines: list[Ev], ranks: set[int], *,
+                     multi_rank: bool) -> int:
+        """Let finished saves go (:mod:`.retire` chooses them): ``newest`` maps each one's
+        step to the newest time of its lines (UTC), ``lines`` are their save lines (as kept
+        in :attr:`events`), ``ranks`` the ranks that logged them, ``multi_rank`` whether one
+        was logged by several ranks. Their copies and implicit ends noted go too. Returns
+        how many events went."""
+        gone = {id(e) for e in lines}
+        for step, ts in newest.items():
+            self.retired[step] = max(ts, self.retired.get(step, ts))
+        self.retired_ranks.update(ranks)
+        self.retired_multi = self.retired_multi or multi_rank
+        before = len(self.events)
+        self.events = {k: e for k, e in self.events.items() if id(e) not in gone}
+        for e in lines:
+            self.copies.pop(e.dedup_key, None)
+        self.implicit_memo = {k: v for k, v in self.implicit_memo.items() if k[0] not in newest}
+        self._ended = {k: v for k, v in self._ended.items() if k[1] not in newest}
+        for rank, starts in self._starts.items():
+            self._starts[rank] = [e for e in starts if id(e) not in gone]
+        return before - len(self.events)
 
     def add_metrics(self, rows: pl.DataFrame, arrival: dt.datetime, *, ts_limit: dt.datetime | None = None) -> None:
         """Record a batch of this job's progress lines (EVENT_SCHEMA rows of kind ``metric``,

@@ -21,7 +21,7 @@ from typing import Any
 
 import polars as pl
 
-from ckptwatch.detectors import integrity_incidents, resume_incidents, save_incidents
+from ckptwatch.detectors import integrity_incidents, resume_incidents, retire, save_incidents
 from ckptwatch.detectors.checkpoints import CheckpointRegistry, SaveFact, checkpoint_key
 from ckptwatch.detectors.regression import RegressionSettings, saver_windows
 from ckptwatch.detectors.events import LOADING_KINDS, Ev, is_host_event
@@ -79,6 +79,8 @@ class DetectorStats:
     #: jobs released (see :class:`DetectorConfig`), and events dropped as older than their tombstone
     released: int = 0
     after_release: int = 0
+    #: save lines of finished saves let go (:meth:`Detector.retire_saves`)
+    retired: int = 0
 
 
 class Detector:
@@ -108,6 +110,7 @@ class Detector:
         #: released jobs: job -> (newest event time, wall time of the release), UTC
         self.released: dict[str, tuple[dt.datetime, dt.datetime]] = {}
         self._newly_released: list[tuple[str, dt.datetime]] = []
+        self._retire_at: dict[str, int] = {}  # job -> events it holds before its saves are looked at again
 
     def process(self, rows: Iterable[dict[str, Any]], *, now: dt.datetime | None = None) -> None:
         """Take events (dicts with EVENT_SCHEMA keys, e.g. ``df.iter_rows(named=True)``);
@@ -223,6 +226,10 @@ class Detector:
         job = named[0]
         state = self.jobs[job]
         for unknown in unknowns:
+            for step, until in unknown.retired.items():  # its saves let go while no job was named
+                state.retired[step] = max(until, state.retired.get(step, until))
+            state.retired_ranks |= unknown.retired_ranks
+            state.retired_multi = state.retired_multi or unknown.retired_multi
             for ev in [*unknown.events.values(), *unknown.progress]:
                 state.add(ev)
             for sid, (ts, at) in unknown.sources.items():  # its files count for the job's low watermark
@@ -294,14 +301,7 @@ class Detector:
             events = state.events_sorted()
             saves = saves_of(state, events)
             windows = saver_windows(state.losses, {s.step for s in saves.values()}, self.config.regression.k)
-            for key, s in saves.items():
-                if key < 0:
-                    continue  # an attempt given up for a later one of the step: that one is the checkpoint
-                fact = SaveFact(job, s.step, s.path, s.complete, s.first_ts, state.world_size, windows[s.step],
-                                tuple(s.missing))
-                if self.registry.record_save(fact):
-                    registry_changed = True
-                    self._new_saves[checkpoint_key(fact.path, fact.step)] = fact
+            registry_changed |= self._record_saves(job, state, saves)
             found = save_incidents.evaluate(state, self._host_events_for(state, events), wm, final=final,
                                             windows=self.config.windows, saves=saves, events=events)
             for inc in found:
@@ -319,6 +319,8 @@ class Detector:
             self._open_saves[job] = len(open_saves)
             stalled = {i.step for i in found}
             self._unfinished[job] = sorted((s.step, s.path) for s in open_saves if s.step not in stalled)
+            if not final:
+                self._retire(job, state, saves, wm)
             if not final and (still_open or self._open_saves[job]):
                 continue  # keep evaluating as the watermark moves
             self._dirty.discard(job)
@@ -344,6 +346,53 @@ class Detector:
         self._loads_dirty = waiting
         self._release(wall)
         return changed
+
+    def _record_saves(self, job: str, state: JobState, saves: dict[int, SaveState]) -> bool:
+        """Put the facts of ``saves`` (of ``job``) in the registry; True if one was new or changed."""
+        windows = saver_windows(state.losses, {s.step for s in saves.values()}, self.config.regression.k)
+        changed = False
+        for key, s in saves.items():
+            if key < 0:
+                continue  # an attempt given up for a later one of the step: that one is the checkpoint
+            fact = SaveFact(job, s.step, s.path, s.complete, s.first_ts, state.world_size, windows[s.step],
+                            tuple(s.missing))
+            if self.registry.record_save(fact):
+                changed = True
+                self._new_saves[checkpoint_key(fact.path, fact.step)] = fact
+        return changed
+
+    def retire_saves(self, read_position: dt.datetime) -> int:
+        """Let go of the finished saves of long jobs (:mod:`~ckptwatch.detectors.retire`)
+        older than ``read_position`` (UTC: how far every file still being read has been
+        read, :meth:`SourceWatcher.read_position
+        <ckptwatch.ingest.watcher.SourceWatcher.read_position>`) less ``allowed_lateness``.
+        ``diagnose`` calls it between batches; :meth:`advance` does the same with each job's
+        watermark. Returns how many save lines went."""
+        cutoff = read_position - dt.timedelta(seconds=self.config.allowed_lateness)
+        gone = 0
+        for job, state in list(self.jobs.items()):
+            if len(state.events) >= self._retire_at.get(job, retire.RETIRE_MIN):
+                gone += self._retire(job, state, saves_of(state, state.events_sorted()), cutoff)
+        return gone
+
+    def _retire(self, job: str, state: JobState, saves: dict[int, SaveState], cutoff: dt.datetime) -> int:
+        """Retire what :func:`retire.retirable` allows of ``job``'s ``saves`` before ``cutoff``
+        (UTC), its facts put in the registry first; not while the events that name no job
+        may still be folded into it (:meth:`adopt_unlabelled`: they may hold lines of those
+        saves), nor theirs while a named job is there to fold them into. Looked at again once
+        the job holds twice the events it kept."""
+        if len(state.events) < self._retire_at.get(job, retire.RETIRE_MIN):
+            return 0
+        named = sum(j != UNKNOWN_JOB for j in self.jobs)
+        if (named if job == UNKNOWN_JOB else named == 1 and UNKNOWN_JOB in self.jobs):
+            return 0
+        old = [s for s in retire.retirable(saves, cutoff)]
+        if old:
+            self._record_saves(job, state, {s.step: s for s in old})
+        gone = retire.retire(state, old)
+        self._retire_at[job] = max(retire.RETIRE_MIN, 2 * len(state.events))
+        self.stats.retired += gone
+        return gone
 
     def _release(self, wall: dt.datetime) -> None:
         """Release the jobs concluded and idle for ``release_after`` seconds of wall time,
@@ -376,6 +425,7 @@ class Detector:
         """Forget ``job``'s events and incidents but its open poisoned resumes; keep a tombstone
         and its checkpoints' facts (evidence dropped from the incidents that mark them bad)."""
         del self.jobs[job]
+        self._retire_at.pop(job, None)
         tomb = state.max_ts or wall
         self.released[job] = (tomb, wall)
         self._newly_released.append((job, tomb))

@@ -190,8 +190,9 @@ def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
     for s in saves.values():
         s.path = _per_rank_files_dir(s.paths) or s.path
     # ranks that print save lines (not those only known from an error in save code)
-    multi_rank = any(len(s.logged) > 1 for s in saves.values())
-    seen_ranks = set().union(*(x.logged for x in saves.values())) if saves else set()
+    # (those of saves let go count: :mod:`.retire`)
+    multi_rank = state.retired_multi or any(len(s.logged) > 1 for s in saves.values())
+    seen_ranks = set(state.retired_ranks).union(*(x.logged for x in saves.values()))
     for s in saves.values():
         logged = set(s.started) | set(s.finished) | set(s.failed)
         if multi_rank and state.world_size:

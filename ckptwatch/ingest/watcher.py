@@ -133,6 +133,10 @@ class SourceWatcher:
         self._dated_by_job: dict[str, dt.datetime] = {}  # newest dated line per job / host, for year-less stamps
         self._dated_by_host: dict[str, dt.datetime] = {}
         self.backlog = False  # the last poll left bytes unread in some file: poll again before concluding
+        #: files the last poll found and left for the next one without opening them (its byte
+        #: budget was spent): while any, what has been read is not yet every file's beginning
+        self.unopened = 0
+        self._newest_dated: dict[str, dt.datetime] = {}  # source id -> newest time read from a line of it
         self._pending: list[batch.Read] = []  # reads of this poll whose records are not made yet
         self._pending_ids: set[int] = set()  # id() of their tails
         self._by_dir: dict[str, list[FileTail]] | None = None  # followed files by directory, built once a poll
@@ -164,7 +168,7 @@ class SourceWatcher:
             self._find_moved(at, final=final)
         self._now = now
         self._by_dir = None
-        start, deferred = self.bytes_read, False
+        start, deferred, unopened = self.bytes_read, False, 0
 
         def spent() -> bool:
             return self.poll_bytes > 0 and self.bytes_read - start >= self.poll_bytes
@@ -204,7 +208,7 @@ class SourceWatcher:
         for key, (path, sig) in at.items():
             if key not in self._tails and self._rejected.get(key) != sig:
                 if spent():  # found again by the next poll
-                    deferred = True
+                    deferred, unopened = True, unopened + 1
                     continue
                 tail = self._start(key, path, sig, final=final)
                 if tail is not None:
@@ -213,6 +217,7 @@ class SourceWatcher:
             for tail in self._find_moved(at, final=final, copies=True):
                 self._poll_tail(tail, final=final, now=now)
         self.backlog = deferred or any(t.more for t in self._tails.values())
+        self.unopened = unopened
         if final:  # no descriptor is held between polls (many files, one diagnose)
             for tail in self._tails.values():
                 tail.close()
@@ -222,7 +227,27 @@ class SourceWatcher:
         records = pl.concat(frames) if frames else pl.DataFrame(schema=RECORD_SCHEMA)
         records = self._redate_guessed_years(records)
         self.stats.records += records.height
+        self._note_dated(records)
         return records
+
+    def _note_dated(self, records: pl.DataFrame) -> None:
+        newest = records.filter(pl.col("ts_source") == "line").group_by("source_id").agg(pl.col("ts").max())
+        for sid, ts in newest.iter_rows():
+            if sid not in self._newest_dated or ts > self._newest_dated[sid]:
+                self._newest_dated[sid] = ts
+
+    def read_position(self) -> dt.datetime | None:
+        """How far in event time every file has been read, for input that does not grow
+        (``diagnose``): the oldest, over the files with more to read, of the newest time a
+        line of it gave (UTC). A line still to come is not much older than this unless its
+        file is out of order. None while a file found is not opened yet, or a file with more
+        to read has given no dated line; the newest time read once every file is read."""
+        if self.unopened:
+            return None
+        if not any(t.more for t in self._tails.values()):
+            return max(self._newest_dated.values(), default=None)
+        held = [self._newest_dated.get(t.source_id or "") for t in self._tails.values() if t.more]
+        return None if any(ts is None for ts in held) else min(held)  # type: ignore[type-var]
 
     def _redate_guessed_years(self, records: pl.DataFrame) -> pl.DataFrame:
         """Year-less stamps dated with their file's mtime year (no dated line in their file)

@@ -1,0 +1,81 @@
+"""Retiring a long job's finished saves, so its memory does not grow with its length.
+
+A job that trains for days logs a save every few hundred steps on every rank; each save
+line is an :class:`~ckptwatch.detectors.events.Ev` its :class:`JobState` keeps, and every
+evaluation walks all of them (:func:`~ckptwatch.detectors.saves.saves_of`). Most of those
+saves can never matter again: they completed on every expected rank, the watermark is past
+all their lines, and no incident needs them. Such a save's fact (step, path, world size,
+loss window) is already in the checkpoint registry, which is what a later resume is judged
+by; its lines can go.
+
+What stays, so that every incident comes out as it would with all lines kept:
+
+* every save not complete (no incident would be found without it), and every save whose
+  lines are not all older than the cutoff (the job's watermark: a late line may still
+  change it);
+* the newest complete save (the job's last good checkpoint for any later failure), and
+  for each incomplete save the newest complete one below it (its ``last_good_checkpoint``)
+  and the first save above it (it ends the failure window and may end the save implicitly;
+  the first complete one above it resolves the incident);
+* a save with a line that names no step (such a line's step is its rank's last one, found
+  from the lines around it);
+* every save of the same step as an earlier abandoned attempt.
+
+A retired save leaves behind its step and its newest line's time (a copy of one of its
+lines read later, from another file, is dropped instead of starting the save again: a line
+of that step newer than that is a new attempt, after a restart) and the ranks that logged it
+(for the ranks expected of later saves).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from ckptwatch.detectors.jobstate import JobState
+from ckptwatch.detectors.saves import SaveState
+
+#: save lines a job holds before retiring any is worth a pass over them
+RETIRE_MIN = 256
+
+
+def retirable(saves: dict[int, SaveState], cutoff: dt.datetime) -> list[SaveState]:
+    """The saves of ``saves`` (:func:`~ckptwatch.detectors.saves.saves_of`, keyed by step;
+    negative keys are abandoned attempts) that can be retired with event-time ``cutoff``
+    (UTC): see the module docstring for what stays. In step order."""
+    current = sorted((s for k, s in saves.items() if k >= 0), key=lambda s: s.step)
+    abandoned = {s.step for k, s in saves.items() if k < 0}
+    keep: set[int] = set(abandoned)
+    complete = [s.step for s in current if s.complete]
+    if complete:
+        keep.add(complete[-1])
+    for i, s in enumerate(current):
+        if s.complete:
+            continue
+        keep.add(s.step)
+        below = [c for c in complete if c < s.step]
+        if below:
+            keep.add(below[-1])
+        if i + 1 < len(current):
+            keep.add(current[i + 1].step)
+    out = []
+    for s in current:
+        if s.step in keep or not s.complete:
+            continue
+        lines = [*s.started.values(), *s.finished.values()]
+        ends = [*lines, *s.implicit.values()]
+        if any(e.step is None for e in lines) or any(e.ts >= cutoff for e in ends):
+            continue
+        out.append(s)
+    return out
+
+
+def retire(state: JobState, saves: list[SaveState]) -> int:
+    """Let ``saves`` (of :func:`retirable`) go from ``state``
+    (:meth:`JobState.forget_saves <ckptwatch.detectors.jobstate.JobState.forget_saves>`).
+    Returns how many lines went."""
+    if not saves:
+        return 0
+    newest = {s.step: max(e.ts for e in (*s.started.values(), *s.finished.values())) for s in saves}
+    lines = [e for s in saves for e in (*s.started.values(), *s.finished.values())]
+    ranks = set().union(*(s.logged for s in saves))
+    return state.forget_saves(newest, lines, ranks, multi_rank=any(len(s.logged) > 1 for s in saves))
