@@ -39,16 +39,20 @@ def at(seconds: float) -> dt.datetime:
     return T0 + dt.timedelta(seconds=seconds)
 
 
-def long_job(n_saves: int, *, partial_at: int | None = None) -> list[list[dict]]:
+def long_job(n_saves: int, *, partial_at: int | None = None, twice: bool = False,
+             metrics: bool = True) -> list[list[dict]]:
     """Batches of a 4-rank job saving every 10 s (step 10 * i at second 10 * i, ends a second
-    later); at ``partial_at`` rank 3 reports an error writing its shard and the job goes on."""
+    later); at ``partial_at`` rank 3 reports an error writing its shard and the job goes on.
+    ``twice``: rank 0 prints two start lines and two end lines per save (as DeepSpeed's main
+    process does), the second end a second after the first."""
     out = [world()]
     for i in range(1, n_saves + 1):
         step, sec = 10 * i, 10 * i
         done = (0, 1, 2) if step == partial_at else range(4)
         failed = [ev("save_error", sec + 1, rank=3, step=step, errno_name="EIO")] if step == partial_at else []
-        out.append(saves(step, sec) + saves(step, sec + 1, ranks=done, end=True) + failed
-                   + [ev("metric", sec + 2, rank=r, step=step + 1) for r in range(4)])
+        more = saves(step, sec, ranks=(0,)) + saves(step, sec + 2, ranks=(0,), end=True) if twice else []
+        out.append(saves(step, sec) + saves(step, sec + 1, ranks=done, end=True) + failed + more
+                   + [ev("metric", sec + 3, rank=r, step=step + 1) for r in range(4) if metrics])
     return out
 
 
@@ -88,6 +92,23 @@ def test_a_long_job_keeps_few_save_lines_and_finds_the_same_interrupted_save(mon
     assert (inc.kind, inc.step, inc.root_cause.rank) == ("interrupted_save", 3010, 2)
     assert inc.last_good_checkpoint == {"step": 3000, "path": "/c/step_3000"}
     assert d.registry.saves[("/c", 2990)].complete  # retired, still known
+
+
+def test_every_line_of_a_retired_save_goes_when_ranks_print_several(monkeypatch):
+    batches = long_job(300, twice=True, metrics=False) + [killed_mid_save(3010)]
+    kept = replay(batches, retiring=False, monkeypatch=monkeypatch)
+    d = replay(batches, retiring=True, monkeypatch=monkeypatch)
+    assert summary(d) == summary(kept)
+    assert [(i.kind, i.step) for i in d.incidents()] == [("interrupted_save", 3010)]
+    state = d.jobs["job-a"]
+    assert 100 in state.retired and not any(e.step == 100 for e in state.events.values())
+
+
+def test_a_job_with_a_save_line_naming_no_step_retires_nothing(monkeypatch):
+    batches = long_job(100)
+    batches[1].append(ev("save_start", 10.5, rank=0))  # "Saving checkpoint..." (torchtitan prints no step)
+    d = replay(batches, retiring=True, monkeypatch=monkeypatch)
+    assert d.stats.retired == 0 and not d.jobs["job-a"].retired
 
 
 def test_an_incomplete_save_keeps_its_neighbours_and_its_incident(monkeypatch):

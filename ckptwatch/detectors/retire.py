@@ -17,8 +17,8 @@ What stays, so that every incident comes out as it would with all lines kept:
   for each incomplete save the newest complete one below it (its ``last_good_checkpoint``)
   and the first save above it (it ends the failure window and may end the save implicitly;
   the first complete one above it resolves the incident);
-* a save with a line that names no step (such a line's step is its rank's last one, found
-  from the lines around it);
+* every save of a job that printed a save line naming no step (such a line's step is its
+  rank's last one, found from the lines around it);
 * every save of the same step as an earlier abandoned attempt.
 
 A retired save leaves behind its step and its newest line's time (a copy of one of its
@@ -69,13 +69,26 @@ def retirable(saves: dict[int, SaveState], cutoff: dt.datetime) -> list[SaveStat
     return out
 
 
-def retire(state: JobState, saves: list[SaveState]) -> int:
+def retire(state: JobState, saves: list[SaveState], cutoff: dt.datetime) -> int:
     """Let ``saves`` (of :func:`retirable`) go from ``state``
-    (:meth:`JobState.forget_saves <ckptwatch.detectors.jobstate.JobState.forget_saves>`).
+    (:meth:`JobState.forget_saves <ckptwatch.detectors.jobstate.JobState.forget_saves>`):
+    every save line of their steps, not only the first of each rank a save counts (a rank
+    may print several, a console repeats them), unless one of those is not older than
+    ``cutoff`` (UTC). Nothing goes from a job with a save line that names no step.
     Returns how many lines went."""
-    if not saves:
+    steps = {s.step: s for s in saves}
+    lines: dict[int, list] = {}
+    for e in state.events.values():
+        if e.kind not in ("save_start", "save_end"):
+            continue
+        if e.step is None:
+            return 0  # a save line without a step: its step depends on the lines around it; keep them all
+        if e.step in steps:
+            lines.setdefault(e.step, []).append(e)
+    gone = {step: evs for step, evs in lines.items() if max(e.ts for e in evs) < cutoff}
+    if not gone:
         return 0
-    newest = {s.step: max(e.ts for e in (*s.started.values(), *s.finished.values())) for s in saves}
-    lines = [e for s in saves for e in (*s.started.values(), *s.finished.values())]
-    ranks = set().union(*(s.logged for s in saves))
-    return state.forget_saves(newest, lines, ranks, multi_rank=any(len(s.logged) > 1 for s in saves))
+    return state.forget_saves({step: max(e.ts for e in evs) for step, evs in gone.items()},
+                              [e for evs in gone.values() for e in evs],
+                              set().union(*(steps[step].logged for step in gone)),
+                              multi_rank=any(len(steps[step].logged) > 1 for step in gone))

@@ -389,7 +389,7 @@ class Detector:
         old = [s for s in retire.retirable(saves, cutoff)]
         if old:
             self._record_saves(job, state, {s.step: s for s in old})
-        gone = retire.retire(state, old)
+        gone = retire.retire(state, old, cutoff)
         self._retire_at[job] = max(retire.RETIRE_MIN, 2 * len(state.events))
         self.stats.retired += gone
         return gone
