@@ -111,6 +111,7 @@ class Detector:
         self.released: dict[str, tuple[dt.datetime, dt.datetime]] = {}
         self._newly_released: list[tuple[str, dt.datetime]] = []
         self._retire_at: dict[str, int] = {}  # job -> events it holds before its saves are looked at again
+        self._concluded: set[str] = set()  # jobs let go by conclude(), their incidents kept
 
     def process(self, rows: Iterable[dict[str, Any]], *, now: dt.datetime | None = None) -> None:
         """Take events (dicts with EVENT_SCHEMA keys, e.g. ``df.iter_rows(named=True)``);
@@ -217,7 +218,7 @@ class Detector:
         oldest unlabelled event makes it ambiguous: nothing is folded."""
         named = [j for j in self.jobs if j != UNKNOWN_JOB]
         unknowns = [u for u in (self.jobs.get(UNKNOWN_JOB), *others) if u is not None]
-        if not unknowns or len(named) != 1:
+        if not unknowns or len(named) != 1 or self._concluded - set(named):
             return False
         if live and self.released:
             first = min((e.ts for u in unknowns for e in [*u.events.values(), *u.progress]), default=None)
@@ -284,10 +285,12 @@ class Detector:
 
         return sorted((e for e in self.host_events.values() if joined(e)), key=lambda e: (e.ts, e.source_id, e.offset))
 
-    def advance(self, *, final: bool = False, now: dt.datetime | None = None) -> list[Incident]:
+    def advance(self, *, final: bool = False, now: dt.datetime | None = None,
+                jobs: set[str] | None = None) -> list[Incident]:
         """Evaluate jobs and return incidents that are new or changed (``detected_ts`` set
         on first emission). With ``final=True`` the input is complete: nothing is held
-        back for late evidence."""
+        back for late evidence. With ``jobs``, only those are evaluated (with ``final``, only
+        their input is complete), and no job is released."""
         if self.max_ts is None:
             return []
         wall = now or dt.datetime.now(dt.timezone.utc)
@@ -295,12 +298,12 @@ class Detector:
         wms: dict[str, dt.datetime] = {}
         changed: list[Incident] = []
         registry_changed = False
-        for job in sorted(self._dirty if not final else set(self.jobs)):
+        targets = set(self.jobs) if final else set(self._dirty)
+        for job in sorted(targets if jobs is None else targets & jobs):
             state = self.jobs[job]
             wm = wms[job] = self._job_watermark(state, lateness, now, final=final)
             events = state.events_sorted()
             saves = saves_of(state, events)
-            windows = saver_windows(state.losses, {s.step for s in saves.values()}, self.config.regression.k)
             registry_changed |= self._record_saves(job, state, saves)
             found = save_incidents.evaluate(state, self._host_events_for(state, events), wm, final=final,
                                             windows=self.config.windows, saves=saves, events=events)
@@ -329,7 +332,8 @@ class Detector:
                 registry_changed |= self.registry.record_incident(inc)
         # resumes after saves: a load is judged by what is known of its checkpoint, whichever job wrote it
         waiting: set[str] = set()
-        for job in sorted(self._loading if (registry_changed or final) else self._loads_dirty):
+        loads = self._loading if (registry_changed or final) else self._loads_dirty
+        for job in sorted(loads if jobs is None else loads & jobs):
             state = self.jobs[job]
             wm = wms.get(job) or self._job_watermark(state, lateness, now, final=final)
             found, wait = resume_incidents.evaluate(state, self.registry, self.config.regression, wm=wm)
@@ -340,11 +344,37 @@ class Detector:
                                                 if inc.job == job and inc.id not in ids])
             if wait:
                 waiting.add(job)  # a load of a save not finished yet: judged once the watermark passes it
+        if jobs is not None:
+            self._loads_dirty = (self._loads_dirty - jobs) | waiting
+            return changed
         if registry_changed or final:  # the resumes of released jobs, kept for this
             changed += self._withdrawn_resumes(
                 [inc for _, inc in self._emitted.values() if inc.job in self.released and inc.job not in self.jobs])
         self._loads_dirty = waiting
         self._release(wall)
+        return changed
+
+    def conclude(self, jobs: Iterable[str], *, now: dt.datetime | None = None) -> list[Incident]:
+        """Evaluate ``jobs`` as finished input (every line of theirs is read: ``diagnose``,
+        once every file their paths name is read to its end) and let their state go, keeping
+        their incidents (:meth:`incidents`), their saves left unfinished
+        (:meth:`unfinished_saves`) and their checkpoints' facts (the registry): memory then
+        holds the jobs still being read, not every job read. A job that logged a load,
+        resume or load error stays until the end (the checkpoint it loaded may be written in
+        a job still to be read), and so do the lines that name no job; while those are there
+        and only one job is named, nothing is concluded (they may yet be folded into it,
+        :meth:`adopt_unlabelled`). Returns the incidents that changed."""
+        targets = {j for j in jobs if j in self.jobs and j != UNKNOWN_JOB and j not in self._loading}
+        named = {j for j in self.jobs if j != UNKNOWN_JOB} | self._concluded
+        if not targets or (UNKNOWN_JOB in self.jobs and len(named) < 2):
+            return []  # the lines that name no job may yet be folded into the one job (adopt_unlabelled)
+        wall = now or dt.datetime.now(dt.timezone.utc)
+        for job in targets:
+            self.jobs[job].settle()
+        changed = self.advance(final=True, now=now, jobs=targets)
+        for job in sorted(targets):
+            self._release_job(job, self.jobs[job], wall, keep_incidents=True)
+            self._concluded.add(job)
         return changed
 
     def _record_saves(self, job: str, state: JobState, saves: dict[int, SaveState]) -> bool:
@@ -421,19 +451,23 @@ class Detector:
         if self.max_ts is not None:
             self.registry.prune(self.max_ts - dt.timedelta(seconds=self.config.registry_horizon))
 
-    def _release_job(self, job: str, state: JobState, wall: dt.datetime) -> None:
+    def _release_job(self, job: str, state: JobState, wall: dt.datetime, *, keep_incidents: bool = False) -> None:
         """Forget ``job``'s events and incidents but its open poisoned resumes; keep a tombstone
-        and its checkpoints' facts (evidence dropped from the incidents that mark them bad)."""
+        and its checkpoints' facts (evidence dropped from the incidents that mark them bad).
+        ``keep_incidents``: its incidents and unfinished saves stay (:meth:`conclude`)."""
         del self.jobs[job]
         self._retire_at.pop(job, None)
         tomb = state.max_ts or wall
         self.released[job] = (tomb, wall)
         self._newly_released.append((job, tomb))
-        for table in (self._open_saves, self._unfinished):
-            table.pop(job, None)
+        self._open_saves.pop(job, None)
+        if not keep_incidents:
+            self._unfinished.pop(job, None)
         for ids in (self._loading, self._loads_dirty, self._dirty):
             ids.discard(job)
         for iid, (_, inc) in list(self._emitted.items()):
+            if keep_incidents:
+                break
             if inc.job == job and not (inc.kind == "poisoned_resume" and inc.status == "open"):
                 del self._emitted[iid]
         # an open poisoned resume stays, until its tombstone expires: a late line of the save

@@ -63,7 +63,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import polars as pl
 
-from ckptwatch.ingest import batch, discovery, identity, rotation, timestamps
+from ckptwatch.ingest import batch, discovery, identity, layout, rotation, timestamps
 from ckptwatch.ingest.checkpoint import SourceCheckpoint
 from ckptwatch.ingest.stats import Stats
 from ckptwatch.ingest.tail import FileTail, InputError
@@ -137,6 +137,8 @@ class SourceWatcher:
         #: budget was spent): while any, what has been read is not yet every file's beginning
         self.unopened = 0
         self._newest_dated: dict[str, dt.datetime] = {}  # source id -> newest time read from a line of it
+        self._found: Mapping[Key, tuple[str, tuple[int, int]]] = {}  # what the last poll's discovery found
+        self._path_job: dict[Key, str | None] = {}  # the job a found file's path names (PathLabels.job)
         self._pending: list[batch.Read] = []  # reads of this poll whose records are not made yet
         self._pending_ids: set[int] = set()  # id() of their tails
         self._by_dir: dict[str, list[FileTail]] | None = None  # followed files by directory, built once a poll
@@ -205,7 +207,10 @@ class SourceWatcher:
                 if not final:
                     self._poll_tail(tail, final=True, now=now)
                 self._drop(key)
-        for key, (path, sig) in at.items():
+        # input that does not grow: files whose path names no job (kernel, scheduler, launcher
+        # logs) first, so a job is read whole once its own files are (jobs_read)
+        found = sorted(at.items(), key=lambda kv: self._job_of_path(*kv) is not None) if final else at.items()
+        for key, (path, sig) in found:
             if key not in self._tails and self._rejected.get(key) != sig:
                 if spent():  # found again by the next poll
                     deferred, unopened = True, unopened + 1
@@ -218,6 +223,7 @@ class SourceWatcher:
                 self._poll_tail(tail, final=final, now=now)
         self.backlog = deferred or any(t.more for t in self._tails.values())
         self.unopened = unopened
+        self._found = at
         if final:  # no descriptor is held between polls (many files, one diagnose)
             for tail in self._tails.values():
                 tail.close()
@@ -235,6 +241,31 @@ class SourceWatcher:
         for sid, ts in newest.iter_rows():
             if sid not in self._newest_dated or ts > self._newest_dated[sid]:
                 self._newest_dated[sid] = ts
+
+    def _job_of_path(self, key: Key, found: tuple[str, tuple[int, int]]) -> str | None:
+        """The job file ``key``'s path names (:attr:`PathLabels.job
+        <ckptwatch.ingest.layout.PathLabels>`: ``--path-template``, a launcher's log-directory
+        layout), None if none."""
+        if key not in self._path_job:
+            self._path_job[key] = layout.labels_for(found[0], self.template).job
+        return self._path_job[key]
+
+    def jobs_read(self) -> set[str] | None:
+        """For input that does not grow (``diagnose``): the jobs every file of which has been
+        read to its end, as far as the last poll found, each file's job being the one its
+        path names (:meth:`_job_of_path`). None while a file whose path names no job is not
+        read to its end (its lines could be any job's; a final poll reads such files first).
+        Files that could not be read count as read."""
+        jobs: dict[str, bool] = {}
+        for key, where in self._found.items():
+            tail = self._tails.get(key)
+            done = key in self._rejected or (tail is not None and not tail.more)
+            job = self._job_of_path(key, where)
+            if job is None and not done:
+                return None
+            if job is not None:
+                jobs[job] = jobs.get(job, True) and done
+        return {job for job, done in jobs.items() if done}
 
     def read_position(self) -> dt.datetime | None:
         """How far in event time every file has been read, for input that does not grow
