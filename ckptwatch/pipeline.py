@@ -95,8 +95,8 @@ def diagnose(paths: Iterable[str], options: PipelineOptions | None = None,
     every byte of every file: a chunk of each file per batch, each batch matched and fed to
     the detector before the next is read (memory holds one batch of records, not the logs).
     A job is concluded as soon as every file its path names (``--path-template``, a
-    launcher's log directory) is read, when every file found names its job so: its
-    incidents are kept and its lines let go (:meth:`Detector.conclude
+    launcher's log directory) is read and every file whose path names no job is too (those
+    are read first): its incidents are kept and its lines let go (:meth:`Detector.conclude
     <ckptwatch.detectors.runner.Detector.conclude>`).
 
     ``progress`` is called after each batch with the stats so far and the bytes read.
@@ -112,16 +112,14 @@ def diagnose(paths: Iterable[str], options: PipelineOptions | None = None,
                             line_prefix=options.line_prefix, archives=True, poll_bytes=options.poll_bytes)
     stats = watcher.stats
     detector = Detector(options.detector)
-    concluded: set[str] = set()
     try:
         while True:
             records = watcher.poll(final=True)
             events = extract_events(rules, records, stats)
             detector.process_frame(events)
             read = watcher.jobs_read()
-            if read:  # every file of these is read: conclude them, let their lines go
-                detector.conclude(read - concluded)
-                concluded |= read
+            if read:  # every file of these is read: conclude them (those still held), let their lines go
+                detector.conclude(read)
             position = watcher.read_position()
             if position is not None:  # a long job's finished saves older than every file's place may go
                 detector.retire_saves(position)

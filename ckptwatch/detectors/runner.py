@@ -79,7 +79,7 @@ class DetectorStats:
     #: jobs released (see :class:`DetectorConfig`), and events dropped as older than their tombstone
     released: int = 0
     after_release: int = 0
-    #: save lines of finished saves let go (:meth:`Detector.retire_saves`)
+    #: save lines of finished saves let go (:mod:`~ckptwatch.detectors.retire`)
     retired: int = 0
 
 
@@ -416,7 +416,7 @@ class Detector:
         named = sum(j != UNKNOWN_JOB for j in self.jobs)
         if (named if job == UNKNOWN_JOB else named == 1 and UNKNOWN_JOB in self.jobs):
             return 0
-        old = [s for s in retire.retirable(saves, cutoff)]
+        old = retire.retirable(saves, cutoff)
         if old:
             self._record_saves(job, state, {s.step: s for s in old})
         gone = retire.retire(state, old, cutoff)
@@ -465,9 +465,7 @@ class Detector:
             self._unfinished.pop(job, None)
         for ids in (self._loading, self._loads_dirty, self._dirty):
             ids.discard(job)
-        for iid, (_, inc) in list(self._emitted.items()):
-            if keep_incidents:
-                break
+        for iid, (_, inc) in [] if keep_incidents else list(self._emitted.items()):
             if inc.job == job and not (inc.kind == "poisoned_resume" and inc.status == "open"):
                 del self._emitted[iid]
         # an open poisoned resume stays, until its tombstone expires: a late line of the save
