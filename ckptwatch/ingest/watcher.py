@@ -233,7 +233,8 @@ class SourceWatcher:
         records = pl.concat(frames) if frames else pl.DataFrame(schema=RECORD_SCHEMA)
         records = self._redate_guessed_years(records)
         self.stats.records += records.height
-        self._note_dated(records)
+        if final:  # read_position's, for input that does not grow
+            self._note_dated(records)
         return records
 
     def _note_dated(self, records: pl.DataFrame) -> None:
