@@ -63,12 +63,17 @@ def killed_mid_save(step: int) -> list[dict]:
             + [ev("process_exit", sec + 31, pid=102, exitcode=-9, reporter="agent")])
 
 
-def replay(batches: list[list[dict]], *, retiring: bool, monkeypatch) -> Detector:
+def replay(batches: list[list[dict]], *, retiring: bool, monkeypatch, read: bool = False) -> Detector:
+    """Feed ``batches`` as a live run does (an advance after each), or with ``read`` as
+    ``diagnose`` reads files (retire_saves at each batch's newest time, one final advance)."""
     monkeypatch.setattr(retire, "RETIRE_MIN", 64 if retiring else 10**9)
     d = Detector()
     for b in batches:
         d.process(b, now=max(e["ts"] for e in b))
-        d.advance(now=max(e["ts"] for e in b))
+        if read:
+            d.retire_saves(max(e["ts"] for e in b))
+        else:
+            d.advance(now=max(e["ts"] for e in b))
     d.advance(final=True, now=max(e["ts"] for e in batches[-1]))
     return d
 
@@ -149,3 +154,22 @@ def test_nothing_is_retired_while_the_unlabelled_lines_may_still_be_folded_into_
         batches[0] = batches[0] + [ev("job_signal", 0.5, job=None, sig="SIGTERM")]
     d = replay(batches, retiring=True, monkeypatch=monkeypatch)
     assert (d.stats.retired > 0) == (not named)
+
+
+@pytest.mark.parametrize("read", [False, True])
+def test_a_save_given_up_and_saved_again_after_a_restart_keeps_its_last_good_checkpoint(monkeypatch, read):
+    # rank 2 dies in the save of step 1010; the job resumes from step 1000, saves 1010 again
+    # whole and trains on: the failed attempt still names 1000 as the last good checkpoint
+    restarted = [[ev("resume", 1100, rank=r, step=1000) for r in range(4)]]
+    for i in range(102, 300):
+        step, sec = 10 * i - 10, 10 * i + 200
+        restarted.append(saves(step, sec) + saves(step, sec + 1, end=True)
+                         + [ev("metric", sec + 3, rank=r, step=step + 1) for r in range(4)])
+    batches = long_job(100) + [killed_mid_save(1010)] + restarted
+    kept = replay(batches, retiring=False, monkeypatch=monkeypatch, read=read)
+    d = replay(batches, retiring=True, monkeypatch=monkeypatch, read=read)
+    assert d.stats.retired > 0
+    assert summary(d) == summary(kept)
+    (inc,) = [i for i in d.incidents() if i.kind == "interrupted_save"]
+    assert (inc.step, inc.root_cause.rank) == (1010, 2)
+    assert inc.last_good_checkpoint == {"step": 1000, "path": "/c/step_1000"}

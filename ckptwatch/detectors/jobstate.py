@@ -15,6 +15,7 @@ import json
 from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import polars as pl
 
@@ -34,6 +35,15 @@ PAYLOAD_KEEP = 4
 COMPACT_SLACK = 1_024
 #: loss lines remembered to count the console's copy of a rank file's line once
 LOSS_SEEN = 16_384
+
+
+class Retired(NamedTuple):
+    """What stays of a save let go (:mod:`.retire`): the newest time of its lines, its
+    earliest start (UTC) and its checkpoint's path."""
+
+    until: dt.datetime
+    first_ts: dt.datetime
+    path: str | None
 
 
 def ev_key(ev: Ev) -> tuple:
@@ -356,9 +366,10 @@ class JobState:
     #: per source (file) of the job: (its newest event time, wall time its last event arrived), UTC,
     #: for the low watermark (:meth:`watermark` with ``source_idle``)
     sources: dict[str, tuple[dt.datetime, dt.datetime]] = field(default_factory=dict)
-    #: saves let go (:mod:`.retire`): step -> the newest time of its lines (UTC); a save line
-    #: of that step no newer is a copy read late and is dropped
-    retired: dict[int, dt.datetime] = field(default_factory=dict)
+    #: saves let go (:mod:`.retire`) by step; a save line of that step no newer than the
+    #: newest of its lines is a copy read late and is dropped. They still end failure windows
+    #: and stand as the last good checkpoint (:mod:`.save_incidents`)
+    retired: dict[int, Retired] = field(default_factory=dict)
     #: the ranks that logged a retired save, and whether one was logged by several ranks:
     #: what :func:`~ckptwatch.detectors.saves.saves_of` expects of the saves that stay
     retired_ranks: set[int] = field(default_factory=set)
@@ -380,8 +391,8 @@ class JobState:
             if rank is not None and ev.step is not None and ev.step >= self.last_metric_step.get(rank, -1):
                 self.last_metric_step[rank] = ev.step
             return True
-        until = self.retired.get(ev.step) if ev.kind in ("save_start", "save_end") and ev.step is not None else None
-        if until is not None and ev.ts <= until:
+        gone = self.retired.get(ev.step) if ev.kind in ("save_start", "save_end") and ev.step is not None else None
+        if gone is not None and ev.ts <= gone.until:
             return False  # a copy of a line of a save let go (:meth:`forget_saves`)
         known = self.events.get(ev.dedup_key)
         if known is not None and ev.kind in ("save_start", "save_end"):
@@ -410,16 +421,16 @@ class JobState:
             self.integrity.append(ev)
         return True
 
-    def forget_saves(self, newest: dict[int, dt.datetime], lines: list[Ev], ranks: set[int], *,
+    def forget_saves(self, newest: dict[int, Retired], lines: list[Ev], ranks: set[int], *,
                      multi_rank: bool) -> int:
         """Let finished saves go (:mod:`.retire` chooses them): ``newest`` maps each one's
-        step to the newest time of its lines (UTC), ``lines`` are their save lines (as kept
-        in :attr:`events`), ``ranks`` the ranks that logged them, ``multi_rank`` whether one
+        step to what stays of it, ``lines`` are their save lines (as kept in
+        :attr:`events`), ``ranks`` the ranks that logged them, ``multi_rank`` whether one
         was logged by several ranks. Their copies and implicit ends noted go too. Returns
         how many events went."""
         gone = {id(e) for e in lines}
-        for step, ts in newest.items():
-            self.retired[step] = max(ts, self.retired.get(step, ts))
+        for step, r in newest.items():
+            self.note_retired(step, r)
         self.retired_ranks.update(ranks)
         self.retired_multi = self.retired_multi or multi_rank
         before = len(self.events)
@@ -431,6 +442,12 @@ class JobState:
         for rank, starts in self._starts.items():
             self._starts[rank] = [e for e in starts if id(e) not in gone]
         return before - len(self.events)
+
+    def note_retired(self, step: int, r: Retired) -> None:
+        """Note the save of ``step`` let go (the one whose lines are newest, if noted twice)."""
+        known = self.retired.get(step)
+        if known is None or r.until > known.until:
+            self.retired[step] = r
 
     def add_metrics(self, rows: pl.DataFrame, arrival: dt.datetime, *, ts_limit: dt.datetime | None = None) -> None:
         """Record a batch of this job's progress lines (EVENT_SCHEMA rows of kind ``metric``,

@@ -19,7 +19,11 @@ What stays, so that every incident comes out as it would with all lines kept:
   the first complete one above it resolves the incident);
 * every save of a job that printed a save line naming no step (such a line's step is its
   rank's last one, found from the lines around it);
-* every save of the same step as an earlier abandoned attempt.
+* the same around an attempt given up for a later one of its step (a restart saved it again).
+
+Retired saves still count where the saves of a job are looked at together: they end a
+failure window (their earliest start) and stand as the last good checkpoint below a save that
+failed (:mod:`.save_incidents`), so evaluation gives what it gives with every line kept.
 
 A retired save leaves behind its step and its newest line's time (a copy of one of its
 lines read later, from another file, is dropped instead of starting the save again: a line
@@ -29,9 +33,10 @@ of that step newer than that is a new attempt, after a restart) and the ranks th
 
 from __future__ import annotations
 
+import bisect
 import datetime as dt
 
-from ckptwatch.detectors.jobstate import JobState
+from ckptwatch.detectors.jobstate import JobState, Retired
 from ckptwatch.detectors.saves import SaveState
 
 #: save lines a job holds before retiring any is worth a pass over them
@@ -43,20 +48,18 @@ def retirable(saves: dict[int, SaveState], cutoff: dt.datetime) -> list[SaveStat
     negative keys are abandoned attempts) that can be retired with event-time ``cutoff``
     (UTC): see the module docstring for what stays. In step order."""
     current = sorted((s for k, s in saves.items() if k >= 0), key=lambda s: s.step)
-    abandoned = {s.step for k, s in saves.items() if k < 0}
-    keep: set[int] = set(abandoned)
+    steps = [s.step for s in current]
     complete = [s.step for s in current if s.complete]
-    if complete:
-        keep.add(complete[-1])
-    for i, s in enumerate(current):
-        if s.complete:
-            continue
+    keep: set[int] = set(complete[-1:])
+    # an incomplete save, or an attempt given up for a later one of its step (negative key)
+    for s in [s for s in saves.values() if not s.complete]:
         keep.add(s.step)
-        below = [c for c in complete if c < s.step]
-        if below:
-            keep.add(below[-1])
-        if i + 1 < len(current):
-            keep.add(current[i + 1].step)
+        i = bisect.bisect_left(complete, s.step)
+        if i:
+            keep.add(complete[i - 1])
+        j = bisect.bisect_right(steps, s.step)
+        if j < len(steps):
+            keep.add(steps[j])
     out = []
     for s in current:
         if s.step in keep or not s.complete:
@@ -88,7 +91,8 @@ def retire(state: JobState, saves: list[SaveState], cutoff: dt.datetime) -> int:
     gone = {step: evs for step, evs in lines.items() if max(e.ts for e in evs) < cutoff}
     if not gone:
         return 0
-    return state.forget_saves({step: max(e.ts for e in evs) for step, evs in gone.items()},
+    return state.forget_saves({step: Retired(max(e.ts for e in evs), steps[step].first_ts or min(e.ts for e in evs),
+                                             steps[step].path) for step, evs in gone.items()},
                               [e for evs in gone.values() for e in evs],
                               set().union(*(steps[step].logged for step in gone)),
                               multi_rank=any(len(steps[step].logged) > 1 for step in gone))

@@ -227,8 +227,8 @@ class Detector:
         job = named[0]
         state = self.jobs[job]
         for unknown in unknowns:
-            for step, until in unknown.retired.items():  # its saves let go while no job was named
-                state.retired[step] = max(until, state.retired.get(step, until))
+            for step, r in unknown.retired.items():  # its saves let go while no job was named
+                state.note_retired(step, r)
             state.retired_ranks |= unknown.retired_ranks
             state.retired_multi = state.retired_multi or unknown.retired_multi
             for ev in [*unknown.events.values(), *unknown.progress]:

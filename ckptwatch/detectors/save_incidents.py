@@ -33,7 +33,7 @@ from ckptwatch.detectors import remediation
 from ckptwatch.detectors.cause import attribute
 from ckptwatch.detectors.events import FAILURE_KINDS, Ev
 from ckptwatch.detectors.incident import Incident
-from ckptwatch.detectors.jobstate import JobState
+from ckptwatch.detectors.jobstate import JobState, Retired
 from ckptwatch.detectors.saves import UNKNOWN_STEP, SaveState, saves_of
 
 
@@ -50,22 +50,27 @@ class SaveWindows:
     stall_after: float = 1800.0  # a save with no end and no failure is stalled after this
 
 
-def _last_good(saves: dict[int, SaveState], complete_steps: list[int], step: int) -> dict | None:
-    """The newest complete save before ``step``; ``complete_steps`` sorted ascending."""
+def _last_good(saves: dict[int, SaveState], retired: dict[int, Retired], complete_steps: list[int],
+               step: int) -> dict | None:
+    """The newest complete save before ``step`` (kept or retired); ``complete_steps`` sorted ascending."""
     i = bisect.bisect_left(complete_steps, step)
     if i == 0:
         return None
-    best = next(s for s in saves.values() if s.step == complete_steps[i - 1] and s.complete)
+    best = next((s for s in saves.values() if s.step == complete_steps[i - 1] and s.complete), None)
+    if best is None:
+        return {"step": complete_steps[i - 1], "path": retired[complete_steps[i - 1]].path}
     return {"step": best.step, "path": best.path}
 
 
-def _next_start(saves: dict[int, SaveState]) -> dict[int, dt.datetime | None]:
-    """key -> the earliest first_ts of a save of a higher step, or of the same step's next
-    attempt (None if there is none)."""
+def _next_start(saves: dict[int, SaveState], retired: dict[int, Retired]) -> dict[int, dt.datetime | None]:
+    """key -> the earliest first_ts of a save of a higher step (kept or retired), or of the
+    same step's next attempt (None if there is none)."""
     out: dict[int, dt.datetime | None] = {}
     for key, s in saves.items():
         later = [x.first_ts for x in saves.values() if x.first_ts is not None and s.first_ts is not None
                  and (x.step > s.step or (x.step == s.step and x.first_ts > s.first_ts))]
+        if s.first_ts is not None:
+            later += [r.first_ts for step, r in retired.items() if step > s.step]
         out[key] = min(later, default=None)
     return out
 
@@ -88,8 +93,8 @@ def evaluate(
     saves = saves if saves is not None else saves_of(state, events)
     job_failures = [e for e in events if e.kind in FAILURE_KINDS]
     out: list[Incident] = []
-    complete_steps = sorted({s.step for s in saves.values() if s.complete})
-    next_start = _next_start(saves)
+    complete_steps = sorted({s.step for s in saves.values() if s.complete} | set(state.retired))
+    next_start = _next_start(saves, state.retired)
     for key in sorted(saves, key=lambda k: (saves[k].step, saves[k].first_ts or dt.datetime.min.replace(tzinfo=dt.timezone.utc))):
         s = saves[key]
         step = s.step
@@ -106,7 +111,7 @@ def evaluate(
         if later is not None:
             failures = [e for e in failures if e.ts < later]
         save_items = [(e, "save") for e in (*s.started.values(), *s.finished.values(), *s.failed.values())]
-        last_good = _last_good(saves, complete_steps, step)
+        last_good = _last_good(saves, state.retired, complete_steps, step)
         deaths = [e for e in failures if e.kind not in ("save_error", "job_failed")]
         settle = dt.timedelta(seconds=windows.settle)
         if deaths or any(e.kind == "job_failed" for e in failures):
