@@ -103,10 +103,25 @@ def diagnose(paths: Iterable[str], options: PipelineOptions | None = None,
     Returns the incidents (ordered by first_ts) and the run's stats. Problems with
     individual files end up in ``stats.errors``; a path that does not exist too.
 
+    A line that reaches a job already concluded (a file whose lines name another job than its
+    path; a host's kernel or storage log filed under another job) makes the run read
+    everything again without concluding (``stats.notes["read_again_unconcluded"]``).
+
     Raises:
         RuleError: a rule file is broken (names the file, the rule and the reason).
     """
-    options = options or PipelineOptions()
+    paths, options = list(paths), options or PipelineOptions()
+    incidents, stats, late = _diagnose(paths, options, progress, conclude=True)
+    if late:
+        incidents, stats, _ = _diagnose(paths, options, progress, conclude=False)
+        stats.note("read_again_unconcluded", late)
+    return incidents, stats
+
+
+def _diagnose(paths: list[str], options: PipelineOptions, progress: Callable[[Stats, int], None] | None, *,
+              conclude: bool) -> tuple[list[Incident], Stats, int]:
+    """:func:`diagnose`'s one reading, concluding jobs or not; also returns how many events
+    came after their job was concluded."""
     rules = RuleSet.load(options.rule_files)
     watcher = SourceWatcher(list(paths), template=options.template, boot_time=options.boot_time,
                             line_prefix=options.line_prefix, archives=True, poll_bytes=options.poll_bytes)
@@ -117,7 +132,7 @@ def diagnose(paths: Iterable[str], options: PipelineOptions | None = None,
             records = watcher.poll(final=True)
             events = extract_events(rules, records, stats)
             detector.process_frame(events)
-            read = watcher.jobs_read()
+            read = watcher.jobs_read() if conclude else None
             if read:  # every file of these is read: conclude them (those still held), let their lines go
                 detector.conclude(read)
             position = watcher.read_position()
@@ -133,4 +148,4 @@ def diagnose(paths: Iterable[str], options: PipelineOptions | None = None,
     detector.advance(final=True)
     stats.duplicate_events = detector.stats.duplicates
     stats.open_saves = detector.unfinished_saves()
-    return [i for i in detector.incidents() if i.status != "superseded"], stats
+    return [i for i in detector.incidents() if i.status != "superseded"], stats, detector.stats.after_conclusion

@@ -4,6 +4,8 @@ those of a run that keeps every job to the end."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from conftest import CORPUS, SCENARIOS
 
@@ -79,3 +81,68 @@ def test_the_one_named_job_is_not_concluded_while_lines_that_name_none_may_be_fo
     assert found == kept
     assert [(i["kind"], i["job"], i["step"]) for i in found] == [("interrupted_save", "job-7", 30)]
     assert held[-1] == held_kept[-1] > 0  # job-7's lines stay to the end
+
+
+def _rank_file(path, steps, *, killed_at=None, job_field=None):
+    """A Megatron-style rank log saving every 10 steps; with ``killed_at`` it stops in that
+    save. ``job_field``: JSON lines whose ``job`` field names the job (not the path)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    out = []
+    for step in range(1, steps + 1):
+        ts = f"2026-11-30 10:{step // 60 % 60:02d}:{step % 60:02d}"
+        texts = [f"iteration {step:8d}/ 10000 | lm loss: 2.5E+00 | grad norm: 1.0 |"]
+        if step % 10 == 0:
+            texts.append(f"saving checkpoint at iteration {step:8d} to /ckpt/{path.parent.parent.name}/it_{step} "
+                         "in torch format")
+            if step != killed_at:
+                texts.append(f"successfully saved checkpoint from iteration {step:8d} to /ckpt/it_{step}")
+        for text in texts:
+            if job_field:
+                out.append(json.dumps({"time": ts.replace(" ", "T") + "Z", "job": job_field, "msg": text}))
+            else:  # torchrun --tee's rank prefix: the rank whatever the path template says
+                out.append(f"[rank{path.stem.removeprefix('rank')}]:[{ts}] [INFO] {text}")
+        if step == killed_at:
+            break
+    path.write_text("\n".join(out) + "\n")
+
+
+def test_a_kernel_log_filed_under_a_later_job_is_read_again_into_the_job_it_concerns(tmp_path, monkeypatch):
+    logs = tmp_path / "logs"
+    for rank in range(4):
+        _rank_file(logs / "a-victim" / "h-1" / f"rank{rank}.log", 300, killed_at=300 if rank == 2 else None)
+    (logs / "a-victim" / "h-1" / "console.log").write_text(
+        "E1130 10:05:01.456000 1234 torch/distributed/elastic/multiprocessing/api.py:869] failed (exitcode: -9) "
+        "local_rank: 2 (pid: 5002) of binary: /usr/bin/python3\n")
+    for rank in range(4):
+        _rank_file(logs / "z-next" / "h-1" / f"rank{rank}.log", 200)
+    # the node's syslog, collected with the later job's logs: the OOM kill of a-victim's rank 2
+    (logs / "z-next" / "h-1" / "syslog").write_text(
+        "2026-11-30T10:05:00.300000+00:00 h-1 kernel: [12345.678901] Out of memory: Killed process 5002 (python3) "
+        "total-vm:98765432kB, anon-rss:61234567kB, file-rss:102400kB, shmem-rss:8192kB, UID:0 pgtables:130000kB "
+        "oom_score_adj:0\n")
+    options = PipelineOptions(template=compile_template("{job}/{host}/*"), poll_bytes=8 << 10)
+    kept, _, _ = run([str(logs)], options, monkeypatch, concluding=False)
+    found, _, _ = run([str(logs)], options, monkeypatch, concluding=True)
+    assert found == kept
+    (inc,) = found
+    assert (inc["kind"], inc["job"], inc["step"], inc["root_cause"]["class"]) == ("interrupted_save", "a-victim", 300,
+                                                                             "oom_kill")
+    _, stats = diagnose([str(logs)], options)
+    assert stats.notes.get("read_again_unconcluded", 0) > 0
+
+
+def test_a_job_whose_lines_name_it_in_another_jobs_directory_is_read_again_whole(tmp_path, monkeypatch):
+    logs = tmp_path / "logs"
+    for rank in range(4):  # the job's first node, under its own name
+        _rank_file(logs / "run17" / "n00" / f"rank{rank}.log", 120, job_field="run17")
+    for rank in range(4, 8):  # an unrelated job, read in between
+        _rank_file(logs / "run17-a" / "n00" / f"rank{rank}.log", 300)
+    for rank in range(4, 8):  # its second node, under another directory; rank 6 dies in the save of step 120
+        _rank_file(logs / "run17-b" / "n01" / f"rank{rank}.log", 120, killed_at=120 if rank == 6 else None,
+                   job_field="run17")
+    options = PipelineOptions(template=compile_template("{job}/{host}/rank{rank}.log"), poll_bytes=8 << 10)
+    kept, _, _ = run([str(logs)], options, monkeypatch, concluding=False)
+    found, _, _ = run([str(logs)], options, monkeypatch, concluding=True)
+    assert found == kept
+    _, stats = diagnose([str(logs)], options)
+    assert stats.notes.get("read_again_unconcluded", 0) > 0

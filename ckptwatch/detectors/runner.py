@@ -81,6 +81,10 @@ class DetectorStats:
     after_release: int = 0
     #: save lines of finished saves let go (:mod:`~ckptwatch.detectors.retire`)
     retired: int = 0
+    #: events that came after their job was concluded (:meth:`Detector.conclude`): its lines,
+    #: or a host's (kernel, storage) on a host it ran on or naming none. Its incidents may
+    #: lack them: ``diagnose`` reads again without concluding
+    after_conclusion: int = 0
 
 
 class Detector:
@@ -112,6 +116,7 @@ class Detector:
         self._newly_released: list[tuple[str, dt.datetime]] = []
         self._retire_at: dict[str, int] = {}  # job -> events it holds before its saves are looked at again
         self._concluded: set[str] = set()  # jobs let go by conclude(), their incidents kept
+        self._concluded_hosts: set[str] = set()  # the hosts they ran on
 
     def process(self, rows: Iterable[dict[str, Any]], *, now: dt.datetime | None = None) -> None:
         """Take events (dicts with EVENT_SCHEMA keys, e.g. ``df.iter_rows(named=True)``);
@@ -124,6 +129,8 @@ class Detector:
             if (self.max_ts is None or ev.ts > self.max_ts) and ev.ts <= limit:
                 self.max_ts = ev.ts
             if is_host_event(ev.kind, ev.rank, ev.local_rank):
+                if self._concluded and (ev.host is None or ev.host in self._concluded_hosts):
+                    self.stats.after_conclusion += 1
                 if ev.dedup_key in self.host_events:
                     self.stats.duplicates += 1
                 self.host_events[ev.dedup_key] = ev
@@ -133,6 +140,8 @@ class Detector:
                     continue
                 # a rank-less storage error or OOM report in a job's own files is that job's too
             job = ev.job or UNKNOWN_JOB
+            if job in self._concluded:
+                self.stats.after_conclusion += 1
             tomb = self.released.get(job)
             if tomb is not None and ev.ts <= tomb[0]:
                 self.stats.after_release += 1
@@ -181,6 +190,8 @@ class Detector:
             self.max_ts = newest
         metrics = metrics.with_columns(pl.col("job").fill_null(UNKNOWN_JOB))
         for (job,), rows in metrics.group_by("job", maintain_order=True):
+            if job in self._concluded:
+                self.stats.after_conclusion += rows.height
             tomb = self.released.get(job)
             if tomb is not None:
                 late = rows.filter(pl.col("ts") <= tomb[0])
@@ -363,7 +374,9 @@ class Detector:
         resume or load error stays until the end (the checkpoint it loaded may be written in
         a job still to be read), and so do the lines that name no job; while those are there
         and only one job is named, nothing is concluded (they may yet be folded into it,
-        :meth:`adopt_unlabelled`). Returns the incidents that changed."""
+        :meth:`adopt_unlabelled`). Lines of a concluded job that come after all (a file whose
+        lines name another job than its path), and host events of its hosts, are counted in
+        ``stats.after_conclusion``. Returns the incidents that changed."""
         targets = {j for j in jobs if j in self.jobs and j != UNKNOWN_JOB and j not in self._loading}
         named = {j for j in self.jobs if j != UNKNOWN_JOB} | self._concluded
         if not targets or (UNKNOWN_JOB in self.jobs and len(named) < 2):
@@ -373,6 +386,7 @@ class Detector:
             self.jobs[job].settle()
         changed = self.advance(final=True, now=now, jobs=targets)
         for job in sorted(targets):
+            self._concluded_hosts |= self.jobs[job].hosts()
             self._release_job(job, self.jobs[job], wall, keep_incidents=True)
             self._concluded.add(job)
         return changed
