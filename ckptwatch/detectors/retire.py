@@ -25,10 +25,9 @@ Retired saves still count where the saves of a job are looked at together: they 
 failure window (their earliest start) and stand as the last good checkpoint below a save that
 failed (:mod:`.save_incidents`), so evaluation gives what it gives with every line kept.
 
-A retired save leaves behind its step and its newest line's time (a copy of one of its
-lines read later, from another file, is dropped instead of starting the save again: a line
-of that step newer than that is a new attempt, after a restart) and the ranks that logged it
-(for the ranks expected of later saves).
+A copy of a retired save's line read later (from another file) is dropped instead of
+starting the save again; a line of that step newer than its newest is a new attempt, after a
+restart. The ranks that logged it still count among those expected of later saves.
 """
 
 from __future__ import annotations
@@ -64,10 +63,8 @@ def retirable(saves: dict[int, SaveState], cutoff: dt.datetime) -> list[SaveStat
     for s in current:
         if s.step in keep or not s.complete:
             continue
-        lines = [*s.started.values(), *s.finished.values()]
-        ends = [*lines, *s.implicit.values()]
-        if any(e.step is None for e in lines) or any(e.ts >= cutoff for e in ends):
-            continue
+        if any(e.ts >= cutoff for e in (*s.started.values(), *s.finished.values(), *s.implicit.values())):
+            continue  # (a line naming no step keeps the whole job's saves: retire())
         out.append(s)
     return out
 
