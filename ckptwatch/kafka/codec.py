@@ -18,7 +18,12 @@
   One message holds at most :data:`MAX_BATCH_BYTES` (a single larger event goes alone), so
   the per-record cost of a producer send and of a consumer record is paid per batch, not
   per event. Key = the job (UTF-8), or for host-level events (kernel, storage: no rank) the
-  host.
+  host. Two record headers help the sink store each event once in bounded memory (see
+  :mod:`ckptwatch.sinks.stored_offsets`): :data:`FLOORS_HEADER`, a JSON object
+  ``{source_id: floor}`` for the message's sources, each the offset the collector had saved
+  for it when it sent the message (it never sends an event of that source below it again);
+  :data:`FANOUT_HEADER` on a host key's copies, the partition whose copy the sink stores.
+  Both are optional: a message without them is checked against what is stored.
 * **incidents topic**: value = :meth:`ckptwatch.detectors.Incident.to_dict` as JSON; key =
   the incident id. The latest message of a key is the incident's current version.
 * **saves topic**: value = one :class:`~ckptwatch.detectors.checkpoints.SaveFact` as JSON
@@ -52,6 +57,31 @@ _ARROW_MARK = b"\xff\xff\xff\xff"
 _ARROW_OPTIONS = ipc.IpcWriteOptions(compression="zstd")
 #: rows of one Arrow events message at most (then split further until under the byte bound)
 MAX_BATCH_ROWS = 4096
+
+
+#: events record header: JSON ``{source_id: floor}`` (see the module docstring)
+FLOORS_HEADER = "ckptwatch-floors"
+#: events record header: on each copy of a host key's message, the partition (decimal ASCII)
+#: of the copy a sink stores
+FANOUT_HEADER = "ckptwatch-fanout"
+
+
+def encode_floors(floors: dict[str, int]) -> bytes:
+    """The value of :data:`FLOORS_HEADER`."""
+    return json.dumps(floors, separators=(",", ":")).encode()
+
+
+def decode_floors(value: bytes) -> dict[str, int]:
+    """Inverse of :func:`encode_floors`. Raises DecodeError for anything but an object of
+    integers."""
+    try:
+        floors = json.loads(value)
+    except ValueError:
+        floors = None
+    if not isinstance(floors, dict) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                                               for v in floors.values()):
+        raise DecodeError(f"header {FLOORS_HEADER} is not a JSON object of offsets: {value[:80]!r}")
+    return floors
 
 
 class DecodeError(Exception):

@@ -23,6 +23,8 @@ class Message:
     key: bytes | None
     value: bytes
     partition: int | None = None
+    #: Kafka record headers ``(name, value)``, e.g. :data:`~ckptwatch.kafka.codec.FLOORS_HEADER`
+    headers: tuple[tuple[str, bytes], ...] = ()
 
 
 class Publisher:
@@ -77,7 +79,8 @@ class Publisher:
         (events by ``(source_id, offset)``, incidents by id)."""
         pending = list(messages)
         while pending:
-            futures = [(m, self._producer.send(m.topic, value=m.value, key=m.key, partition=m.partition))
+            futures = [(m, self._producer.send(m.topic, value=m.value, key=m.key, partition=m.partition,
+                                                     headers=list(m.headers) or None))
                        for m in pending]
             while True:
                 try:

@@ -7,13 +7,16 @@ the checkpoint file (atomically). A kill at any point re-reads at most the lines
 since the last checkpoint; consumers drop those by ``(source_id, offset)``.
 
 Routing: job events are keyed by job, so one job's events stay in one partition, in order;
-each step publishes one message per key holding its events as an NDJSON batch
+each step publishes one message per key holding its events as an Arrow (or NDJSON) batch
 (:func:`~ckptwatch.kafka.codec.encode_event_batches`).
 Host-level events (kernel, storage: lines that name no rank) are keyed by host and sent to
 *every* partition of the events topic, so whichever detector owns a job also sees the
 kernel OOM kill or NFS error of the hosts it runs on and joins them by host, pid and time,
 as the embedded detector does. They are rare (only lines a rule matches), so the copies
-cost little; the sink stores each once (same ``(source_id, offset)``).
+cost little; the sink stores one (the first partition's, as their header says). Every
+other message says, per source, the offset saved for it when sent (a floor: no event of
+the source below it is sent again), which lets the sink drop repeats in bounded memory
+(:mod:`ckptwatch.sinks.stored_offsets`).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from ckptwatch.ingest.checkpoint import FileCheckpointer, SourceCheckpoint
 from ckptwatch.integrity.watch import CheckpointWatcher
 from ckptwatch.ingest.watcher import SourceWatcher
 from ckptwatch.kafka.admin import ensure_topics
-from ckptwatch.kafka.codec import encode_event_batches
+from ckptwatch.kafka.codec import FANOUT_HEADER, FLOORS_HEADER, encode_event_batches, encode_floors
 from ckptwatch.kafka.producer import Message, Publisher
 from ckptwatch.pipeline import extract_events
 from ckptwatch.rules import RuleSet
@@ -91,12 +94,20 @@ class Collector:
         keys = events.select(  # a host key is marked apart from a job of the same name (no job name has a NUL)
             pl.when(host_event_expr()).then(pl.lit(_HOST_MARK) + pl.col("host").fill_null(""))
             .when(job == "").then(pl.lit(UNKNOWN_JOB.decode())).otherwise(job).cast(pl.Binary).alias("key"))["key"]
+        # each key's sources and the offsets saved for them: no event below is sent again
+        sources = pl.DataFrame({"key": keys, "source_id": events["source_id"]}).unique(maintain_order=True)
+        floors: dict[bytes, tuple[tuple[str, bytes], ...]] = {}
+        for (key,), rows in sources.partition_by("key", as_dict=True).items():
+            saved = {sid: self._saved[sid].offset for sid in rows["source_id"] if sid in self._saved}
+            floors[key] = ((FLOORS_HEADER, encode_floors(saved)),) if saved else ()
         out: list[Message] = []
         for key, value in encode_event_batches(events, keys, fmt=self.config.kafka.events_format):
-            if key.startswith(_HOST_MARK.encode()):
-                out += [Message(topic, key.removeprefix(_HOST_MARK.encode()), value, partition=p) for p in partitions]
+            if key.startswith(_HOST_MARK.encode()):  # the sink stores one copy: floors would not hold for the others
+                mark = ((FANOUT_HEADER, str(partitions[0]).encode()),)
+                out += [Message(topic, key.removeprefix(_HOST_MARK.encode()), value, partition=p, headers=mark)
+                        for p in partitions]
             else:
-                out.append(Message(topic, key, value))
+                out.append(Message(topic, key, value, headers=floors[key]))
         return out
 
     def step(self, *, final: bool = False, now: dt.datetime | None = None) -> int:
@@ -107,9 +118,10 @@ class Collector:
         records = self.watcher.poll(final=final, now=now)
         events = extract_events(self.rules, records, self.stats) if not records.is_empty() else pl.DataFrame()
         self.metrics.observe_ingest(self.stats, events)
+        if not events.is_empty():
+            self._checkpoint_new_sources()  # before the messages: their floors are what is saved
         msgs = self.messages(events) if not events.is_empty() else []
         if msgs:
-            self._checkpoint_new_sources()
             self.publisher.publish(msgs)
             failpoints.hit("collect.after_publish")
         self._save(self.watcher.checkpoints())

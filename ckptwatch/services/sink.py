@@ -1,8 +1,9 @@
 """``ckptwatch sink``: the events and incidents topics -> DuckDB.
 
 Each :meth:`SinkMember.step` polls both topics and, in one DuckDB transaction, inserts the
-events (``INSERT OR IGNORE`` on ``(source_id, offset)``: a re-delivered or fanned-out event
-is stored once), upserts the incidents by id (``detected_ts`` keeps its first value) and
+events (each ``(source_id, offset)`` once: a re-delivered event is dropped by the floors
+its message carries, see :mod:`ckptwatch.sinks.stored_offsets`; of a host event's copies,
+only the one on the partition its header names is stored), upserts the incidents by id (``detected_ts`` keeps its first value) and
 records how far each partition was read (table ``kafka_offsets``). The database, not the
 consumer group, is the authority on where to resume: on assignment each partition is
 sought to the offset stored in the database, or to its beginning for a database that never
@@ -27,7 +28,8 @@ from ckptwatch import failpoints
 from ckptwatch.config import Config
 from ckptwatch.detectors import Incident
 from ckptwatch.kafka.admin import ensure_topics
-from ckptwatch.kafka.codec import DecodeError, decode_events_skipping, decode_incident
+from ckptwatch.kafka.codec import (FANOUT_HEADER, FLOORS_HEADER, DecodeError, decode_events_skipping, decode_floors,
+                                   decode_incident)
 from ckptwatch.kafka.consumer import GroupMember
 from ckptwatch.sinks.alerts.dispatcher import Alerter
 from ckptwatch.sinks.duckdb_store import Store
@@ -145,13 +147,14 @@ class SinkMember:
                     incidents[inc.id] = inc  # the latest version of each id wins
                 except DecodeError as e:
                     self._bad(r, e)
+        event_recs, floors = self._to_store(event_recs)
         events, bad, _ = decode_events_skipping([r.value for r in event_recs])
         for i, e in bad:
             self._bad(event_recs[i], e)
         self.stats.events_received += events.height
         done = {(tp.topic, tp.partition): off for tp, off in offsets.items()}
         with self.store.transaction():
-            added, written = self.store.commit_kafka_batch(events, incidents.values(), done)
+            added, written = self.store.commit_kafka_batch(events, incidents.values(), done, floors)
             if self.alerter:
                 self.alerter.notify(incidents.values())
         self._stored.update(done)
@@ -162,6 +165,30 @@ class SinkMember:
         failpoints.hit("sink.after_write")
         self.member.commit(offsets)
         return len(records)
+
+    def _to_store(self, records: list[ConsumerRecord]) -> tuple[list[ConsumerRecord], dict[str, int]]:
+        """The events records to store (of a host key's copies, the one its
+        :data:`~ckptwatch.kafka.codec.FANOUT_HEADER` names) and the sources' floors their
+        headers give (the lowest when several messages give one; see
+        :mod:`ckptwatch.sinks.stored_offsets`)."""
+        keep: list[ConsumerRecord] = []
+        floors: dict[str, int] = {}
+        for r in records:
+            headers = dict(r.headers or ())
+            if FANOUT_HEADER in headers:
+                try:
+                    if int(headers[FANOUT_HEADER]) != r.partition:
+                        continue  # another partition's copy is stored
+                except ValueError:
+                    pass  # not ours to judge: stored, checked against the table
+            if FLOORS_HEADER in headers:
+                try:
+                    for sid, floor in decode_floors(headers[FLOORS_HEADER]).items():
+                        floors[sid] = min(floor, floors.get(sid, floor))
+                except DecodeError as e:  # the events are stored all the same, checked against the table
+                    self.on_message(f"{r.topic} partition {r.partition} offset {r.offset}: {e}; ignored")
+            keep.append(r)
+        return keep, floors
 
     def close(self) -> None:
         """Leaves the group; waits for alerts in flight."""

@@ -3,13 +3,18 @@ their evidence, in one database file.
 
 Tables (timestamps are ``TIMESTAMPTZ``, UTC):
 
-* ``events``: EVENT_SCHEMA; primary key ``(source_id, offset)``: re-reading the same
-  bytes inserts nothing.
+* ``events``: EVENT_SCHEMA; each ``(source_id, offset)`` once: re-reading the same bytes
+  inserts nothing (:mod:`ckptwatch.sinks.stored_offsets` drops the repeats in bounded
+  memory; the table has no key, whose index DuckDB would keep in memory, growing with it).
+  A database made before this loses its key when first opened (the table copied once).
 * ``sources``: ``source_id`` -> ``file``, ``committed_offset`` (where tailing resumes),
   the ``job`` learned from the file's lines and ``head_hash`` (hex SHA-256 of the file's
   first line, to recognize a ``copytruncate`` copy after a restart), ``followed`` (False
   once tailing forgot the source: a restart does not resume it). Written in the same
   transaction as the events read up to it.
+* ``source_floors``: fleet mode: ``source_id`` -> ``floor``, the collector's saved offset
+  of the source as its last message said (no event of the source below it is sent again;
+  see :mod:`ckptwatch.sinks.stored_offsets`).
 * ``incidents``: one row per incident id (upsert; ``detected_ts`` keeps its first value);
   root cause and last good checkpoint flattened into columns for SQL, the full shapes
   as JSON.
@@ -67,13 +72,13 @@ import polars as pl
 from ckptwatch import private_files
 from ckptwatch.detectors.incident import EvidenceItem, Incident
 from ckptwatch.schema import EVENT_SCHEMA
+from ckptwatch.sinks.stored_offsets import PAIR_SCHEMA, StoredOffsets
 
 _DDL = """
 CREATE TABLE IF NOT EXISTS events (
     ts TIMESTAMPTZ, ts_source VARCHAR, job VARCHAR, host VARCHAR, rank INTEGER, local_rank INTEGER,
     pid BIGINT, kind VARCHAR, step BIGINT, path VARCHAR, rule_id VARCHAR, attrs JSON,
-    source_id VARCHAR NOT NULL, source_kind VARCHAR, "offset" BIGINT NOT NULL, line VARCHAR, dedup_key VARCHAR,
-    PRIMARY KEY (source_id, "offset"));
+    source_id VARCHAR NOT NULL, source_kind VARCHAR, "offset" BIGINT NOT NULL, line VARCHAR, dedup_key VARCHAR);
 CREATE TABLE IF NOT EXISTS sources (
     source_id VARCHAR PRIMARY KEY, file VARCHAR, committed_offset BIGINT, job VARCHAR, updated_ts TIMESTAMPTZ,
     head_hash VARCHAR);
@@ -92,12 +97,17 @@ CREATE TABLE IF NOT EXISTS incident_evidence (
 CREATE TABLE IF NOT EXISTS released_jobs (
     job VARCHAR PRIMARY KEY, max_ts TIMESTAMPTZ, released_ts TIMESTAMPTZ);
 CREATE TABLE IF NOT EXISTS detector_state (name VARCHAR PRIMARY KEY, doc JSON, updated_ts TIMESTAMPTZ);
+CREATE TABLE IF NOT EXISTS source_floors (source_id VARCHAR PRIMARY KEY, floor BIGINT, updated_ts TIMESTAMPTZ);
 CREATE TABLE IF NOT EXISTS kafka_offsets (
     topic VARCHAR, "partition" INTEGER, next_offset BIGINT, updated_ts TIMESTAMPTZ, PRIMARY KEY (topic, "partition"));
 """
 
 #: DuckDB's memory limit while a restart reads the events to replay (it spills past it)
 REPLAY_MEMORY_LIMIT = "64MB"
+#: DuckDB's memory limit for the store's connection: its buffer pool caches what it writes
+#: and reads up to it (DuckDB's default, 80 % of RAM, let a long run grow with the table);
+#: queries spill past it to ``<database>.tmp``
+STORE_MEMORY_LIMIT = "128MB"
 
 #: A source's row: ``(source_id, file, committed_offset, job)``, optionally ``head_hash`` last.
 SourceRow = tuple[str, str, int, str | None] | tuple[str, str, int, str | None, str | None]
@@ -313,11 +323,27 @@ class Store:
         self.raw = self._connect()
         self.con = Connection(self)
         self.con.execute(_DDL)  # an older database gains the newer columns
+        self._drop_events_key()
         self._private()
+        self._offsets: StoredOffsets | None = None  # loaded at the first insert
 
     def _connect(self) -> duckdb.DuckDBPyConnection:
         with private_files.private_umask():  # the file and its first WAL are created 0600
-            return duckdb.connect(self.path)
+            return duckdb.connect(self.path, config={"memory_limit": STORE_MEMORY_LIMIT})
+
+    def _drop_events_key(self) -> None:
+        """A database made before the events table lost its primary key: the table copied
+        into one without it (once; its index would be loaded into memory whole)."""
+        keyed = self.con.execute("SELECT count(*) FROM duckdb_constraints() WHERE table_name = 'events' "
+                                 "AND constraint_type = 'PRIMARY KEY'").fetchone()
+        if not keyed or not keyed[0]:
+            return
+        ddl = _DDL.split(";")[0].replace("CREATE TABLE IF NOT EXISTS events", "CREATE TABLE events_unkeyed")
+        with self.transaction():
+            self.con.execute(ddl)
+            self.con.execute(f"INSERT INTO events_unkeyed ({_EVENT_COLS}) SELECT {_EVENT_COLS} FROM events")
+            self.con.execute("DROP TABLE events")
+            self.con.execute("ALTER TABLE events_unkeyed RENAME TO events")
 
     def _private(self) -> None:
         """The database file and its WAL (re-created after each checkpoint) made ``0600``."""
@@ -348,15 +374,18 @@ class Store:
                 if self._sources_written.get(sid) != (f, off, job, rest[0] if rest else None)]
         gone = [(now, sid) for sid in unfollowed]
         with self.transaction():
-            added = self._insert_events(events)
+            offsets_known = self._stored_offsets()
+            offsets_known.unstored(sid for sid, *_ in rows if sid not in offsets_known.floors)  # first commit
+            new = self._insert_events(events)
             if rows:
                 self._replace_sources(rows)
             if gone:
                 self.con.executemany("UPDATE sources SET followed = FALSE, updated_ts = ? WHERE source_id = ?", gone)
+            offsets_known.stored(new, {sid: off for sid, _, off, *_ in rows})
         self._sources_written.update({sid: (f, off, job, head) for sid, f, off, job, _, head in rows})
         for _, sid in gone:
             self._sources_written.pop(sid, None)
-        return added
+        return new.height
 
     def committed_offsets(self) -> dict[str, tuple[int, str | None]]:
         """``source_id`` -> (offset from which tailing resumes, job learned so far)."""
@@ -459,6 +488,7 @@ class Store:
                 yield
             except BaseException:
                 self._rollback()
+                self._offsets = None  # it may hold pairs not stored: read again from the tables
                 raise
             finally:
                 self._depth = 0
@@ -466,6 +496,7 @@ class Store:
                 self._commit()
             except BaseException:  # a stop while waiting for space: no transaction left open
                 self._rollback()
+                self._offsets = None
                 raise
         finally:
             self._journal = None
@@ -637,19 +668,55 @@ class Store:
 
         self._run(insert, True)
 
-    def _insert_events(self, events: pl.DataFrame) -> int:
-        """Insert events, ignoring ``(source_id, offset)`` already stored; returns how many were new."""
+    def _insert_events(self, events: pl.DataFrame) -> pl.DataFrame:
+        """Insert the events (EVENT_SCHEMA) whose ``(source_id, offset)`` is not stored yet
+        (each once); returns those. The caller tells :meth:`StoredOffsets.stored` in the
+        same transaction."""
         if events.is_empty():
-            return 0
-        before = self.con.execute("SELECT count(*) FROM events").fetchone()[0]  # type: ignore[index]
-        batch = events.select(list(EVENT_SCHEMA)).to_arrow()
+            return events
+        new = self._stored_offsets().new_events(events.select(list(EVENT_SCHEMA)), self._stored_pairs)
+        if new.is_empty():
+            return new
+        batch = new.to_arrow()
 
         def insert(raw: duckdb.DuckDBPyConnection) -> Any:  # a closure: replayable after a full disk
             arrow = batch  # noqa: F841 (read by DuckDB's replacement scan, from this frame)
-            return raw.execute(f"INSERT OR IGNORE INTO events ({_EVENT_COLS}) SELECT {_EVENT_COLS} FROM arrow")
+            return raw.execute(f"INSERT INTO events ({_EVENT_COLS}) SELECT {_EVENT_COLS} FROM arrow")
 
         self._run(insert, True)
-        return int(self.con.execute("SELECT count(*) FROM events").fetchone()[0]) - before  # type: ignore[index]
+        return new
+
+    def _stored_pairs(self, pairs: pl.DataFrame) -> pl.DataFrame:
+        """Of ``pairs`` (PAIR_SCHEMA), those the events table holds: for sources with no
+        known floor (one scan of the table)."""
+        wanted = pairs.to_arrow()
+
+        def query(raw: duckdb.DuckDBPyConnection) -> Any:
+            arrow = wanted  # noqa: F841 (read by DuckDB's replacement scan, from this frame)
+            return raw.sql('SELECT DISTINCT e.source_id, e."offset" FROM events e '
+                               'JOIN arrow a ON e.source_id = a.source_id AND e."offset" = a."offset"').to_arrow_table()
+
+        return _pairs_of(self._run(query, False))
+
+    def _stored_offsets(self) -> StoredOffsets:
+        """What dedups inserts: the floors of the sources (their committed offsets; in fleet
+        mode what the collectors sent) and the stored pairs at or past them, read from the
+        tables when first needed or after a rollback."""
+        if self._offsets is None:
+            floors = dict(self.con.execute("SELECT source_id, committed_offset FROM sources "
+                                           "WHERE committed_offset IS NOT NULL").fetchall())
+            floors.update(self.con.execute("SELECT source_id, floor FROM source_floors").fetchall())
+            table = pl.DataFrame({"source_id": list(floors), "floor": list(floors.values())},
+                                 schema={"source_id": pl.Utf8, "floor": pl.Int64}).to_arrow()
+
+            def query(raw: duckdb.DuckDBPyConnection) -> Any:
+                arrow = table  # noqa: F841 (read by DuckDB's replacement scan, from this frame)
+                return raw.sql('SELECT e.source_id, e."offset" FROM events e JOIN arrow f '
+                                   'ON e.source_id = f.source_id AND e."offset" >= f.floor').to_arrow_table()
+
+            held = _pairs_of(self._run(query, False)) if floors else pl.DataFrame(schema=PAIR_SCHEMA)
+            self._offsets = StoredOffsets(floors, held)
+        return self._offsets
 
     def _upsert(self, incidents: Iterable[Incident], now: dt.datetime) -> int:
         n = 0
@@ -716,19 +783,36 @@ class Store:
         return {(t, p): o for t, p, o in rows}
 
     def commit_kafka_batch(self, events: pl.DataFrame, incidents: Iterable[Incident],
-                           offsets: Mapping[tuple[str, int], int]) -> tuple[int, int]:
+                           offsets: Mapping[tuple[str, int], int],
+                           floors: Mapping[str, int] | None = None) -> tuple[int, int]:
         """Events, incidents and the Kafka offsets ``(topic, partition) -> next offset`` they
         were read up to, in one transaction: the database says itself how far it is, so a
         new database file re-reads the topics from their start and a crash re-reads only
-        what was not committed here. Returns (new events, incidents written)."""
+        what was not committed here. ``floors``: ``source_id`` -> the floor the events'
+        messages carried (:mod:`ckptwatch.sinks.stored_offsets`). Returns (new events,
+        incidents written)."""
         now = dt.datetime.now(dt.timezone.utc)
+        floors = dict(floors or {})
         with self.transaction():
-            added = self._insert_events(events)
+            self._stored_offsets().expect(floors)
+            new = self._insert_events(events)
             n = self._upsert(incidents, now)
             rows = [(t, p, o, now) for (t, p), o in offsets.items()]
             if rows:
                 self.con.executemany("INSERT OR REPLACE INTO kafka_offsets VALUES (?, ?, ?, ?)", rows)
-        return added, n
+            if floors:
+                self._insert_rows("INSERT OR REPLACE INTO source_floors SELECT * FROM arrow",
+                                  [(sid, f, now) for sid, f in floors.items()],
+                                  {"source_id": pl.Utf8, "floor": pl.Int64, "updated_ts": pl.Datetime("us", "UTC")})
+            self._stored_offsets().stored(new, floors)
+        return new.height, n
+
+
+def _pairs_of(table: Any) -> pl.DataFrame:
+    """An Arrow table of ``(source_id, offset)`` as a PAIR_SCHEMA frame."""
+    frame = pl.from_arrow(table)
+    assert isinstance(frame, pl.DataFrame)
+    return frame.cast(PAIR_SCHEMA)  # type: ignore[arg-type]
 
 
 def read_incidents(path: str | Path, *, superseded: bool = False) -> list[dict[str, Any]]:
