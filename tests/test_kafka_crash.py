@@ -10,6 +10,8 @@ import time
 
 import pytest
 from conftest import SCENARIOS
+
+from ckptwatch.kafka.codec import FLOORS_HEADER, decode_floors
 from kafka_support import (assert_no_version_twice, ckptwatch, cli_env, expected_lines, finish, fresh_config, killed_at, published_per_id,
                            run_embedded, save_lines, snapshot, stored_lines, topic_events, topic_messages)
 
@@ -59,6 +61,13 @@ def test_collector_kill9_mid_stream_loses_and_repeats_nothing(kafka_bootstrap, t
     on_topic = topic_events(kafka_bootstrap, cfg.kafka.events_topic)
     assert {(e["source_id"], e["offset"]) for e in on_topic} == set(keys)
     assert len(on_topic) > total  # the failpoint kill re-sent at least its last batch
+    # every message says the offset its collector had saved (the floor the sink drops repeats
+    # by, holding only what is past it): a re-sent message the same floor as the first time
+    floors = [decode_floors(dict(m.headers)[FLOORS_HEADER]) for m in topic_messages(kafka_bootstrap,
+                                                                                  cfg.kafka.events_topic)]
+    assert floors and all(len(f) == 1 for f in floors)
+    assert {off for f in floors for off in f.values()} >= {0}
+    assert max(off for f in floors for off in f.values()) > 0
 
 
 def test_detector_kill9_between_publish_and_commit(copy_scenario, kafka_bootstrap, tmp_path):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 
 import duckdb
+import pytest
 import polars as pl
 
 from ckptwatch.schema import EVENT_SCHEMA
@@ -139,3 +140,25 @@ def test_a_database_with_the_old_key_is_copied_without_it_and_keeps_its_events(t
     assert store.commit_batch(events("s", range(5, 12)), [("s", "/l", 12, "job-1")]) == 2
     store.close()
     assert [o for _, o in stored_pairs(db)] == list(range(12))
+
+
+def test_a_replay_larger_than_its_memory_limit_is_read_unbounded_not_a_crash(tmp_path, monkeypatch):
+    """A restart replays every event of the live jobs sorted in time; under
+    REPLAY_MEMORY_LIMIT DuckDB could not sort 1.3 M of them (788 MB of logs, ``run --once``)
+    and the restart died with its out-of-memory error."""
+    import ckptwatch.sinks.duckdb_store as store_module
+
+    db = str(tmp_path / "r.duckdb")
+    store = Store(db)
+    ev = events("s", range(60_000)).with_columns(pl.col("line") + "x" * 200)
+    store.commit_batch(ev, [("s", "/l", 60_000 * 300, "job-1")])
+    monkeypatch.setattr(store_module, "REPLAY_MEMORY_LIMIT", "1MB")
+    with pytest.raises(duckdb.OutOfMemoryException):  # the limit alone does not fit it
+        with store._memory_limit("1MB"):
+            store._replay_query()
+    replay = store.events_to_replay()
+    assert replay.height == 60_000 and replay["offset"].is_sorted()
+    assert store.con.execute("SELECT current_setting('memory_limit')").fetchall() == (
+        duckdb.connect(config={"memory_limit": STORE_MEMORY_LIMIT}).execute(
+            "SELECT current_setting('memory_limit')").fetchall())
+    store.close()

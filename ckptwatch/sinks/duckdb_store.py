@@ -335,8 +335,8 @@ class Store:
         """A database made before the events table lost its primary key: the table copied
         into one without it (once; its index would be loaded into memory whole)."""
         keyed = self.con.execute("SELECT count(*) FROM duckdb_constraints() WHERE table_name = 'events' "
-                                 "AND constraint_type = 'PRIMARY KEY'").fetchone()
-        if not keyed or not keyed[0]:
+                                 "AND constraint_type = 'PRIMARY KEY'").fetchall()
+        if not keyed[0][0]:
             return
         ddl = _DDL.split(";")[0].replace("CREATE TABLE IF NOT EXISTS events", "CREATE TABLE events_unkeyed")
         with self.transaction():
@@ -399,8 +399,10 @@ class Store:
                                 "WHERE followed IS NOT FALSE").fetchall()
 
     def events(self) -> pl.DataFrame:
-        """All stored events (EVENT_SCHEMA), in ``(ts, source_id, offset)`` order."""
-        df = self.con.sql(f'SELECT {_EVENT_COLS} FROM events ORDER BY ts, source_id, "offset"').pl()
+        """All stored events (EVENT_SCHEMA), in ``(ts, source_id, offset)`` order. The whole
+        table in memory: DuckDB's memory limit is lifted while it is read."""
+        with self._memory_limit(None):
+            df = self.con.sql(f'SELECT {_EVENT_COLS} FROM events ORDER BY ts, source_id, "offset"').pl()
         return df.with_columns(pl.col("attrs").cast(pl.Utf8)).cast(EVENT_SCHEMA)  # type: ignore[arg-type]
 
     def events_to_replay(self) -> pl.DataFrame:
@@ -410,12 +412,23 @@ class Store:
         # a join with the (small) released_jobs as build side streams the events (a NOT EXISTS
         # subquery held every row: 400 MB at 1 M stored events), and a memory limit keeps
         # DuckDB's buffer pool from caching the whole table as it scans it
-        self.con.execute(f"SET memory_limit = '{REPLAY_MEMORY_LIMIT}'")
         try:
-            df = self._replay_query()
-        finally:
-            self.con.execute("RESET memory_limit")
+            with self._memory_limit(REPLAY_MEMORY_LIMIT):
+                df = self._replay_query()
+        except duckdb.OutOfMemoryException:  # more live events than the limit sorts: read them unbounded
+            with self._memory_limit(None):
+                df = self._replay_query()
         return df.with_columns(pl.col("attrs").cast(pl.Utf8)).cast(EVENT_SCHEMA)  # type: ignore[arg-type]
+
+    @contextlib.contextmanager
+    def _memory_limit(self, limit: str | None) -> Iterator[None]:
+        """DuckDB's memory limit ``limit`` (None: its default, 80 % of RAM) for a read, then
+        :data:`STORE_MEMORY_LIMIT` again."""
+        self.con.execute(f"SET memory_limit = '{limit}'" if limit else "RESET memory_limit")
+        try:
+            yield
+        finally:
+            self.con.execute(f"SET memory_limit = '{STORE_MEMORY_LIMIT}'")
 
     def _replay_query(self) -> pl.DataFrame:
         return self.con.sql(
