@@ -162,3 +162,49 @@ def test_a_replay_larger_than_its_memory_limit_is_read_unbounded_not_a_crash(tmp
         duckdb.connect(config={"memory_limit": STORE_MEMORY_LIMIT}).execute(
             "SELECT current_setting('memory_limit')").fetchall())
     store.close()
+
+
+def test_events_that_came_without_a_floor_are_checked_in_the_table_though_their_source_has_one(tmp_path):
+    """A re-sent message with no floors header (another producer, a header that did not
+    parse) for a source whose floor has moved past its events."""
+    db = str(tmp_path / "h.duckdb")
+    store = Store(db)
+    store.commit_kafka_batch(events("s", [10, 11]), [], {("ev", 0): 1}, {"s": 10})
+    store.commit_kafka_batch(events("s", [20, 21]), [], {("ev", 1): 1}, {"s": 20})
+    assert store.commit_kafka_batch(events("s", [10, 11, 12]), [], {("ev", 0): 2}, {}, {"s"}) == (1, 0)
+    store.close()
+    assert [o for _, o in stored_pairs(db)] == [10, 11, 12, 20, 21]
+
+
+def test_held_pairs_stay_bounded_by_active_sources_and_what_goes_is_looked_up(monkeypatch):
+    """Each finished source leaves its last batch past its floor (no later message raises
+    it); a floor that does not move while other streams of its file write holds every pair
+    past it. Both are let go, and their sources answered by the table instead."""
+    import ckptwatch.sinks.stored_offsets as so_module
+
+    table: set[tuple[str, int]] = set()
+
+    def lookup(pairs: pl.DataFrame) -> pl.DataFrame:
+        return pl.DataFrame([p for p in pairs.iter_rows() if p in table], schema=PAIR_SCHEMA, orient="row")
+
+    def commit(so: StoredOffsets, ev: pl.DataFrame, floors: dict[str, int], now: float) -> int:
+        so.expect(floors)
+        new = so.new_events(ev, lookup)
+        table.update(new.select("source_id", "offset").iter_rows())
+        so.stored(new, floors, now=now)
+        return new.height
+
+    so = StoredOffsets()
+    for i in range(300):  # a finished job's rank file a second: its last 50 events stay past its floor
+        assert commit(so, events(f"job{i}", range(50)), {f"job{i}": 0}, now=float(i)) == 50
+    assert len(so) <= (so_module.IDLE_SECONDS + 2) * 50  # the sources idle over a minute let theirs go
+    assert commit(so, events("job0", range(60)), {"job0": 0}, now=301.0) == 10  # re-sent after: the table knew
+
+    monkeypatch.setattr(so_module, "HELD_MAX", 500)
+    so = StoredOffsets({"f": 0})
+    for b in range(20):  # the committed offset stays at 0 (a held-back record) while 100 events a batch come
+        assert commit(so, events("f", range(b * 100, b * 100 + 100)), {}, now=float(b)) == 100
+        assert len(so) <= 500
+    assert commit(so, events("f", range(0, 2100)), {}, now=21.0) == 100  # 0..1999 known, 100 new
+    assert commit(so, events("f", range(2100, 2200)), {"f": 2200}, now=22.0) == 100
+    assert "f" not in so._unsure and len(so) == 0  # the floor passed what went: trusted again

@@ -23,7 +23,8 @@
   ``{source_id: floor}`` for the message's sources, each the offset the collector had saved
   for it when it sent the message (it never sends an event of that source below it again);
   :data:`FANOUT_HEADER` on a host key's copies, the partition whose copy the sink stores.
-  Both are optional: a message without them is checked against what is stored.
+  Both are optional: the events of a message without floors are checked against what is
+  stored.
 * **incidents topic**: value = :meth:`ckptwatch.detectors.Incident.to_dict` as JSON; key =
   the incident id. The latest message of a key is the incident's current version.
 * **saves topic**: value = one :class:`~ckptwatch.detectors.checkpoints.SaveFact` as JSON

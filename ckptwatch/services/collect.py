@@ -14,7 +14,7 @@ Host-level events (kernel, storage: lines that name no rank) are keyed by host a
 kernel OOM kill or NFS error of the hosts it runs on and joins them by host, pid and time,
 as the embedded detector does. They are rare (only lines a rule matches), so the copies
 cost little; the sink stores one (the first partition's, as their header says). Every
-other message says, per source, the offset saved for it when sent (a floor: no event of
+message says, per source, the offset saved for it when sent (a floor: no event of
 the source below it is sent again), which lets the sink drop repeats in bounded memory
 (:mod:`ckptwatch.sinks.stored_offsets`).
 """
@@ -102,8 +102,8 @@ class Collector:
             floors[key] = ((FLOORS_HEADER, encode_floors(saved)),) if saved else ()
         out: list[Message] = []
         for key, value in encode_event_batches(events, keys, fmt=self.config.kafka.events_format):
-            if key.startswith(_HOST_MARK.encode()):  # the sink stores one copy: floors would not hold for the others
-                mark = ((FANOUT_HEADER, str(partitions[0]).encode()),)
+            if key.startswith(_HOST_MARK.encode()):  # the sink stores one copy (floors hold for one)
+                mark = ((FANOUT_HEADER, str(partitions[0]).encode()), *floors[key])
                 out += [Message(topic, key.removeprefix(_HOST_MARK.encode()), value, partition=p, headers=mark)
                         for p in partitions]
             else:

@@ -147,14 +147,20 @@ class SinkMember:
                     incidents[inc.id] = inc  # the latest version of each id wins
                 except DecodeError as e:
                     self._bad(r, e)
-        event_recs, floors = self._to_store(event_recs)
-        events, bad, _ = decode_events_skipping([r.value for r in event_recs])
+        event_recs, floors, floored = self._to_store(event_recs)
+        events, bad, counts = decode_events_skipping([r.value for r in event_recs])
         for i, e in bad:
             self._bad(event_recs[i], e)
+        unfloored: set[str] = set()  # sources with events that came without a floor: checked in the table
+        start = 0
+        for has_floor, n in zip(floored, counts, strict=True):
+            if not has_floor and n:
+                unfloored.update(events["source_id"].slice(start, n).unique().to_list())
+            start += n
         self.stats.events_received += events.height
         done = {(tp.topic, tp.partition): off for tp, off in offsets.items()}
         with self.store.transaction():
-            added, written = self.store.commit_kafka_batch(events, incidents.values(), done, floors)
+            added, written = self.store.commit_kafka_batch(events, incidents.values(), done, floors, unfloored)
             if self.alerter:
                 self.alerter.notify(incidents.values())
         self._stored.update(done)
@@ -166,13 +172,14 @@ class SinkMember:
         self.member.commit(offsets)
         return len(records)
 
-    def _to_store(self, records: list[ConsumerRecord]) -> tuple[list[ConsumerRecord], dict[str, int]]:
+    def _to_store(self, records: list[ConsumerRecord]) -> tuple[list[ConsumerRecord], dict[str, int], list[bool]]:
         """The events records to store (of a host key's copies, the one its
-        :data:`~ckptwatch.kafka.codec.FANOUT_HEADER` names) and the sources' floors their
+        :data:`~ckptwatch.kafka.codec.FANOUT_HEADER` names), the sources' floors their
         headers give (the lowest when several messages give one; see
-        :mod:`ckptwatch.sinks.stored_offsets`)."""
+        :mod:`ckptwatch.sinks.stored_offsets`), and whether each record kept gave floors."""
         keep: list[ConsumerRecord] = []
         floors: dict[str, int] = {}
+        floored: list[bool] = []
         for r in records:
             headers = dict(r.headers or ())
             if FANOUT_HEADER in headers:
@@ -181,14 +188,17 @@ class SinkMember:
                         continue  # another partition's copy is stored
                 except ValueError:
                     pass  # not ours to judge: stored, checked against the table
+            given = False
             if FLOORS_HEADER in headers:
                 try:
                     for sid, floor in decode_floors(headers[FLOORS_HEADER]).items():
                         floors[sid] = min(floor, floors.get(sid, floor))
+                    given = True
                 except DecodeError as e:  # the events are stored all the same, checked against the table
                     self.on_message(f"{r.topic} partition {r.partition} offset {r.offset}: {e}; ignored")
             keep.append(r)
-        return keep, floors
+            floored.append(given)
+        return keep, floors, floored
 
     def close(self) -> None:
         """Leaves the group; waits for alerts in flight."""

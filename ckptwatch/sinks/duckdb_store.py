@@ -681,13 +681,15 @@ class Store:
 
         self._run(insert, True)
 
-    def _insert_events(self, events: pl.DataFrame) -> pl.DataFrame:
+    def _insert_events(self, events: pl.DataFrame, unfloored: Iterable[str] = ()) -> pl.DataFrame:
         """Insert the events (EVENT_SCHEMA) whose ``(source_id, offset)`` is not stored yet
-        (each once); returns those. The caller tells :meth:`StoredOffsets.stored` in the
-        same transaction."""
+        (each once); returns those. ``unfloored``: sources some of whose events came without
+        a floor (checked against the table). The caller tells :meth:`StoredOffsets.stored`
+        in the same transaction."""
         if events.is_empty():
             return events
-        new = self._stored_offsets().new_events(events.select(list(EVENT_SCHEMA)), self._stored_pairs)
+        new = self._stored_offsets().new_events(events.select(list(EVENT_SCHEMA)), self._stored_pairs,
+                                                unfloored=unfloored)
         if new.is_empty():
             return new
         batch = new.to_arrow()
@@ -797,18 +799,19 @@ class Store:
 
     def commit_kafka_batch(self, events: pl.DataFrame, incidents: Iterable[Incident],
                            offsets: Mapping[tuple[str, int], int],
-                           floors: Mapping[str, int] | None = None) -> tuple[int, int]:
+                           floors: Mapping[str, int] | None = None,
+                           unfloored: Iterable[str] = ()) -> tuple[int, int]:
         """Events, incidents and the Kafka offsets ``(topic, partition) -> next offset`` they
         were read up to, in one transaction: the database says itself how far it is, so a
         new database file re-reads the topics from their start and a crash re-reads only
         what was not committed here. ``floors``: ``source_id`` -> the floor the events'
-        messages carried (:mod:`ckptwatch.sinks.stored_offsets`). Returns (new events,
-        incidents written)."""
+        messages carried; ``unfloored``: sources with events in a message that carried none
+        (:mod:`ckptwatch.sinks.stored_offsets`). Returns (new events, incidents written)."""
         now = dt.datetime.now(dt.timezone.utc)
         floors = dict(floors or {})
         with self.transaction():
             self._stored_offsets().expect(floors)
-            new = self._insert_events(events)
+            new = self._insert_events(events, unfloored)
             n = self._upsert(incidents, now)
             rows = [(t, p, o, now) for (t, p), o in offsets.items()]
             if rows:
