@@ -4,20 +4,24 @@ An event is identified by ``(source_id, offset)``: the same bytes read twice giv
 pair. Events come twice in three ways: a restart re-reads a file from its committed offset
 (which never passes a record still held back, so the records of other streams after it
 come again); a collector killed between the broker's acknowledgement and saving its
-offsets publishes its last events again; a host event is fanned out to every partition of
-the events topic.
+offsets publishes its last events again; a message is sent again after a lost
+acknowledgement. (A host event's copies on every partition of the events topic are not
+repeats here: the sink stores only the copy its header names.)
 
 In each case a repeated event lies at or past a **floor**: the offset of its source before
 which everything is stored and nothing is sent again (the source's committed offset in
 ``run``; the collector's saved offset in fleet mode, sent with each message). So the store
 keeps in memory only the pairs it holds at or past each source's floor (what is read but
 not yet committed: a few held-back records per source) and drops incoming events found
-there. A source with no known floor, or whose floor went back (a collector that lost its
-offsets file), is checked against the events table itself: exact, one scan per batch.
+there. A source with no known floor, whose floor went back (a collector that lost its
+offsets file), or with events in a message that carried no floor, is checked against the
+events table itself: exact, one scan per batch. The class docstring says how what is held
+stays bounded.
 
 This replaces the table's primary key ``(source_id, offset)``, whose index DuckDB keeps in
 memory (about 24 bytes a row, growing with the table and counted against its memory
-limit: a 5 M-event ``run --once`` held 729 MB; see benchmarks/RESULTS.md).
+limit: inserting 5 M events into a keyed table took 729 MB, and failed under a 64 MB
+limit; see benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
