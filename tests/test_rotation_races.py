@@ -184,3 +184,29 @@ def test_embedded_resumes_only_what_tailing_still_follows(tmp_path):
     assert {sid: off for sid, _f, off, _j, _h in r.store.sources()} == live
     assert sorted(live.values()) == [len(metric_lines("b", 2)), len(metric_lines("a", 6))]
     r.close()
+
+
+def test_a_copytruncate_right_after_a_read_still_finds_the_copy(tmp_path, monkeypatch):
+    """logrotate copies and truncates the file just after a poll read its lines (the
+    collector does not take the writer's lock). The bytes read are what the copy must
+    match, not the file read again: that reads the new generation, the copy then looks
+    foreign and is read from 0 under an id of its own, so every line of the first
+    generation arrives twice (a CI run of test_kafka_rotation caught it)."""
+    from ckptwatch.ingest import reader
+
+    log = tmp_path / "train.log"
+    log.write_text(lines("a", 40))
+    real = reader.read_lines
+    armed = [True]
+
+    def read_then_rotate(*args, **kw):
+        res = real(*args, **kw)
+        if armed[0] and res.count:
+            armed[0] = False
+            copytruncate(log, lines("b", 3))
+        return res
+
+    monkeypatch.setattr("ckptwatch.ingest.tail.reader.read_lines", read_then_rotate)
+    w = SourceWatcher([str(tmp_path / "*.log")], flush_after=2)
+    got = [w.poll(now=at(0)), w.poll(now=at(1)), w.poll(now=at(2)), w.poll(now=at(20))]
+    assert texts(got) == expected(("a", 40), ("b", 3))

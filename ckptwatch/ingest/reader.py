@@ -49,6 +49,8 @@ class ReadResult:
         invalid_utf8: how many returned lines had bytes that are not UTF-8.
         block: the lines of a read split in bulk, as a frame (``offset`` Int64, ``line``
             Utf8), or None; a read has its lines in ``pairs`` or in ``block``, never both.
+        raw: the bytes read from ``offset`` on, as read: they hold ``[offset,
+            next_offset)`` unless a line too long was skipped (read past without keeping it).
     """
 
     pairs: list[tuple[int, str]] = field(default_factory=list)
@@ -56,6 +58,7 @@ class ReadResult:
     skipped: list[tuple[str, int, int]] = field(default_factory=list)
     invalid_utf8: int = 0
     block: pl.DataFrame | None = None
+    raw: bytes = field(default=b"", repr=False, compare=False)
     _ansi: bool = field(default=False, repr=False, compare=False)  # the bytes read hold an ESC
 
     @property
@@ -212,6 +215,7 @@ def _read_lines(source: str | BinaryIO, offset: int, *, final: bool, max_line_by
     with _opened(source) as f:
         f.seek(offset)
         buf = f.read(chunk_bytes)
+        res.raw = buf
         res._ansi = b"\x1b" in buf or b"\\u001" in buf
         # in bulk: every complete line, and the last one too when the file ends in this read
         end = buf.rfind(b"\n") + 1

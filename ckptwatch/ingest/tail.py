@@ -349,7 +349,13 @@ class FileTail:
                 res = reader.ReadResult(next_offset=self.offset)
             self.more = res.next_offset < size
             if self._digest is not None and res.next_offset > self.offset:
-                rotation.update_digest(self._digest, self._file, self.offset, res.next_offset)
+                # the bytes as read: logrotate may have copied and truncated the file since
+                # (read again, they would be the next generation's, and the copy not found)
+                consumed = res.next_offset - self.offset
+                if len(res.raw) >= consumed:
+                    self._digest.update(memoryview(res.raw)[:consumed])
+                else:  # a line too long was skipped without being kept: read it again
+                    rotation.update_digest(self._digest, self._file, self.offset, res.next_offset)
         except (OSError, EOFError) as e:  # EOFError: a truncated .gz
             raise InputError(f"{self.path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
         self.offset = res.next_offset
