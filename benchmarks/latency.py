@@ -6,11 +6,13 @@ line written to its incident row.
 
 1. Starts ``ckptwatch run --logs OUT/logs --db OUT/incidents.duckdb`` on an empty directory;
    with ``--kafka``, the fleet's three stages instead (``collect OUT/logs``, ``detect``,
-   ``sink``, each a process, through a broker: ``scripts/kafka-local`` unless one is named).
+   ``sink``, each a process, through a broker: ``scripts/kafka-local`` unless one is named);
+   with ``--kafka --publish``, no files and no collector: ``simulate --kafka`` publishes the
+   fleet's events straight to the events topic at ``--rate`` events/s.
 2. ``ckptwatch simulate OUT --rate R`` writes a fleet (half the jobs with one failure in a
    save) live, ``R`` lines/s in total, in event-time order, rotating files past
    ``--rotate-mb``; it records the wall time each failure's first line was written
-   (``OUT/live.json``).
+   (``OUT/live.json``; with ``--publish``, acknowledged by the broker: ``OUT/kafka.json``).
 3. Waits ``--settle`` seconds, stops ``run`` (SIGTERM) and reads the incidents table: per
    injected failure, the first ``detected_ts`` of an incident of its job and step, minus the
    time its first line was written; and the incidents scored against the fleet's truth.
@@ -58,7 +60,11 @@ def main() -> None:
     ap.add_argument("--kafka", nargs="?", const="local", metavar="HOST:PORT",
                     help="through Kafka: collect | detect | sink processes instead of run (no value: start a "
                          "broker with scripts/kafka-local)")
+    ap.add_argument("--publish", action="store_true",
+                    help="with --kafka: simulate --kafka publishes the events (--rate in events/s), no collector")
     a = ap.parse_args()
+    if a.publish and not a.kafka:
+        ap.error("--publish needs --kafka")
     cli = [sys.executable, "-m", "ckptwatch"]
     work = Path(tempfile.mkdtemp(prefix="ckptwatch-latency-"))
     local = kafka_local() if a.kafka == "local" else None
@@ -72,7 +78,7 @@ def main() -> None:
                           CKPTWATCH_DETECT_INTERVAL=str(a.interval))
             stages = [subprocess.Popen(cli + args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                        text=True)
-                      for args in (["collect", str(work / "logs")], ["detect"], ["sink"])]
+                      for args in ([] if a.publish else [["collect", str(work / "logs")]]) + [["detect"], ["sink"]]]
             wait_for_members(bootstrap, cfg.detect.group, 1)
         else:
             stages = [subprocess.Popen(cli + ["run", "--logs", str(work / "logs"), "--db", str(db), "--interval",
@@ -80,9 +86,12 @@ def main() -> None:
                                        text=True)]
         time.sleep(3.0)  # started and polling
         t0 = time.monotonic()
-        subprocess.run(cli + ["simulate", str(work), "--jobs", str(a.jobs), "--nodes", str(a.nodes), "--ranks",
-                              str(a.ranks), "--steps", str(a.steps), "--rate", str(a.rate), "--rotate-mb",
-                              str(a.rotate_mb), "--seed", "1"], check=True, stdout=subprocess.DEVNULL)
+        fleet = ["simulate", str(work), "--jobs", str(a.jobs), "--nodes", str(a.nodes), "--ranks", str(a.ranks),
+                 "--steps", str(a.steps), "--rate", str(a.rate), "--seed", "1"]
+        if a.publish:
+            subprocess.run(cli + fleet + ["--kafka", bootstrap], check=True, stdout=subprocess.DEVNULL, env=env)
+        else:
+            subprocess.run(cli + fleet + ["--rotate-mb", str(a.rotate_mb)], check=True, stdout=subprocess.DEVNULL)
         wrote = time.monotonic() - t0
         time.sleep(a.settle)
         for p in stages:
@@ -90,7 +99,7 @@ def main() -> None:
             err = p.communicate(timeout=120)[1]
             if p.returncode not in (0, 1):
                 raise SystemExit(f"{' '.join(p.args[3:5])} exited {p.returncode}: {err[-800:]}")
-        live = json.loads((work / "live.json").read_text())
+        live = json.loads((work / ("kafka.json" if a.publish else "live.json")).read_text())
         truth = json.loads((work / "truth.json").read_text())
         stored = read_incidents(db)
         first: dict[tuple[str, int], dt.datetime] = {}
@@ -109,9 +118,16 @@ def main() -> None:
         lat.sort()
         q = statistics.quantiles(lat, n=100, method="inclusive") if len(lat) > 1 else (lat * 99 or [0.0] * 99)
         ranks = a.jobs * a.nodes * a.ranks
-        print(f"{a.jobs} jobs x {a.nodes} nodes x {a.ranks} ranks ({ranks:,} ranks): {live['lines']:,} lines "
-              f"written live at {a.rate:,.0f} lines/s in {wrote:.1f} s, {live['rotations']} rotations\n")
-        print(f"| {'collect, detect, sink through Kafka' if a.kafka else 'embedded `run`'} | |\n|---|---:|")
+        if a.publish:
+            print(f"{a.jobs} jobs x {a.nodes} nodes x {a.ranks} ranks ({ranks:,} ranks): {live['events']:,} events "
+                  f"in {live['messages']:,} messages published at {a.rate:,.0f} events/s asked, "
+                  f"{live['events_per_s']:,} done, in {live['seconds']:.1f} s ({wrote:.1f} s with making the fleet)\n")
+        else:
+            print(f"{a.jobs} jobs x {a.nodes} nodes x {a.ranks} ranks ({ranks:,} ranks): {live['lines']:,} lines "
+                  f"written live at {a.rate:,.0f} lines/s in {wrote:.1f} s, {live['rotations']} rotations\n")
+        stages_said = ("simulate --kafka, detect, sink" if a.publish else "collect, detect, sink through Kafka"
+                       if a.kafka else "embedded `run`")
+        print(f"| {stages_said} | |\n|---|---:|")
         print(f"| failures injected / with an incident | {len(live['initiated'])} / {len(lat)} |")
         print(f"| right cause + rank / injected, false | {graded['exact']} / {graded['injected']}, {graded['false']} |")
         print(f"| latency p50 / p99 / max, s (target p99 <= 2) | {q[49]:.2f} / {q[98]:.2f} / "

@@ -3,12 +3,18 @@
     ckptwatch simulate OUT [--jobs 8] [--nodes 2] [--ranks 8] [--steps 120] [--save-every 40]
                            [--failures 0.5] [--kind sigkill --kind oom ...] [--layout console|rank-files]
                            [--seed 1]
+    ckptwatch simulate OUT --kafka HOST:PORT [--rate EVENTS_PER_S]   # its events straight to the events topic
     ckptwatch simulate OUT --score DIAGNOSIS.json   # diagnose --json output scored against OUT/truth.json
+
+With ``--kafka`` (topics and client settings from ``--config`` and ``CKPTWATCH_*``), the
+fleet is also read as its collectors would read it and its events published to the events topic at
+``--rate`` events/s (see :mod:`ckptwatch.simulate_kafka`): a load test of detectors and
+sinks with no files tailed.
 
 Exit codes: 0 written (or, with ``--score``, every injected incident found with its cause
 and rank and none false), 1 the score falls short, 2 usage or input error (one line): a bad
 option, an ``OUT/logs`` that already holds logs, a file that is not the truth or a
-diagnosis, a diagnosis naming none of the truth's jobs.
+diagnosis, a diagnosis naming none of the truth's jobs, no broker answering.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from ckptwatch import config as config_mod
+from ckptwatch.config import Config
 from ckptwatch.simulate import FAILURES, FleetSpec, generate, score
 from ckptwatch.simulate_live import write_live
 
@@ -44,7 +52,15 @@ def simulate_cmd(
     seed: Annotated[int, typer.Option("--seed", help="Same seed, same fleet.")] = 1,
     rate: Annotated[float | None, typer.Option("--rate", help="Write live: append the lines in event-time order "
                                                             "at this many lines/s in total (and write "
-                                                            "OUT/live.json), instead of all at once.")] = None,
+                                                            "OUT/live.json), instead of all at once. With "
+                                                            "--kafka: events/s published.")] = None,
+    kafka: Annotated[str | None, typer.Option("--kafka", help="Publish the fleet's events to this Kafka "
+                                                              "(HOST:PORT[,...]) as its collectors would, and "
+                                                              "write OUT/kafka.json.")] = None,
+    config: Annotated[str | None, typer.Option("--config", help="TOML config file for --kafka's topics and "
+                                                                "client settings (default $CKPTWATCH_CONFIG).")] = None,
+    partitions: Annotated[int | None, typer.Option("--partitions", help="Partitions of an events topic created "
+                                                                         "because it is missing (default 6).")] = None,
     rotate_mb: Annotated[float | None, typer.Option("--rotate-mb", help="Live: rotate a file past this many MB "
                                                                       "(renamed to <file>.1).")] = None,
     score_file: Annotated[Path | None, typer.Option("--score", help="Score this diagnose --json output against "
@@ -56,9 +72,14 @@ def simulate_cmd(
         raise typer.Exit(_score(out / "truth.json", score_file))
     spec = FleetSpec(jobs=jobs, nodes_per_job=nodes, ranks_per_node=ranks, steps=steps, save_every=save_every,
                      failures=failures, kinds=tuple(kind or FAILURES), layout=layout, seed=seed)
+    cfg = _kafka_config(kafka, config, partitions)
     try:
         spec.check()
-        if rate is not None:
+        if cfg is not None:
+            if rotate_mb:
+                raise ValueError("--rotate-mb is for files written live, not for --kafka")
+            truth = _publish(out, spec, cfg, rate)
+        elif rate is not None:
             _out.print(f"writing live at {rate:,.0f} lines/s into {out / 'logs'} (Ctrl-C stops)")
             live = write_live(out, spec, rate=rate, rotate_bytes=int(rotate_mb * 2**20) if rotate_mb else None)
             truth = live["truth"]
@@ -80,6 +101,44 @@ def simulate_cmd(
                f"{_n(injected, 'injected failure')} in {out / 'truth.json'}")
     _out.print(f"diagnose: ckptwatch diagnose --json{template} {out / 'logs'} > diagnosis.json")
     _out.print(f"score:    ckptwatch simulate {out} --score diagnosis.json")
+
+
+def _kafka_config(kafka: str | None, path: str | None, partitions: int | None) -> Config | None:
+    """The config to publish with (``--kafka`` names the broker; topics and client settings
+    from ``path``, ``$CKPTWATCH_CONFIG`` and ``CKPTWATCH_*``), None without ``--kafka``."""
+    if kafka is None:
+        return None
+    from ckptwatch.kafka.configuration import check_client_keys
+
+    try:
+        cfg = config_mod.load(path, flags={"kafka": {"bootstrap_servers": kafka, "partitions": partitions}})
+        if not cfg.kafka.enabled:
+            return None
+        check_client_keys(cfg.kafka)
+    except config_mod.ConfigError as e:
+        _err.print(f"[red]error:[/red] {escape(str(e))}")
+        raise typer.Exit(2) from None
+    return cfg
+
+
+def _publish(out: Path, spec: FleetSpec, cfg: Config, rate: float | None) -> dict[str, Any]:
+    """Publish the fleet's events (:func:`publish_fleet`), saying where and how fast."""
+    from ckptwatch.ingest.layout import compile_template
+    from ckptwatch.kafka.admin import BrokerUnavailable
+    from ckptwatch.simulate import RANK_FILES_TEMPLATE
+    from ckptwatch.simulate_kafka import publish_fleet
+
+    template = compile_template(RANK_FILES_TEMPLATE) if spec.layout == "rank-files" else None
+    where = f"{cfg.kafka.events_topic} at {cfg.kafka.bootstrap_servers}"
+    _out.print(f"publishing to {where}" + (f" at {rate:,.0f} events/s" if rate else ""))
+    try:
+        done = publish_fleet(out, spec, cfg, rate=rate, template=template,
+                             on_wait=lambda msg: _err.print(escape(msg)))
+    except BrokerUnavailable as e:
+        raise ValueError(str(e)) from None
+    _out.print(f"published {done['events']:,} events in {done['messages']:,} messages in {done['seconds']:.1f} s "
+               f"({done['events_per_s'] or 0:,} events/s) to {where}; figures in {out / 'kafka.json'}")
+    return dict(done["truth"])
 
 
 def _n(count: int, noun: str) -> str:

@@ -25,7 +25,7 @@ import dataclasses
 import datetime as dt
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 
 import polars as pl
 
@@ -84,31 +84,14 @@ class Collector:
         self.published = 0
 
     def messages(self, events: pl.DataFrame) -> list[Message]:
-        """The events as messages: batches keyed by job, host events' batches copied to
-        every partition (see :func:`~ckptwatch.kafka.codec.encode_event_batches`)."""
-        topic = self.config.kafka.events_topic
+        """The events as messages (:func:`event_messages`), each with the offsets saved for
+        its sources as floors: no event below is sent again."""
         if events.is_empty():
             return []
-        partitions = self.publisher.partitions(topic)
-        job = pl.col("job").fill_null("")
-        keys = events.select(  # a host key is marked apart from a job of the same name (no job name has a NUL)
-            pl.when(host_event_expr()).then(pl.lit(_HOST_MARK) + pl.col("host").fill_null(""))
-            .when(job == "").then(pl.lit(UNKNOWN_JOB.decode())).otherwise(job).cast(pl.Binary).alias("key"))["key"]
-        # each key's sources and the offsets saved for them: no event below is sent again
-        sources = pl.DataFrame({"key": keys, "source_id": events["source_id"]}).unique(maintain_order=True)
-        floors: dict[bytes, tuple[tuple[str, bytes], ...]] = {}
-        for (key,), rows in sources.partition_by("key", as_dict=True).items():
-            saved = {sid: self._saved[sid].offset for sid in rows["source_id"] if sid in self._saved}
-            floors[key] = ((FLOORS_HEADER, encode_floors(saved)),) if saved else ()
-        out: list[Message] = []
-        for key, value in encode_event_batches(events, keys, fmt=self.config.kafka.events_format):
-            if key.startswith(_HOST_MARK.encode()):  # the sink stores one copy (floors hold for one)
-                mark = ((FANOUT_HEADER, str(partitions[0]).encode()), *floors[key])
-                out += [Message(topic, key.removeprefix(_HOST_MARK.encode()), value, partition=p, headers=mark)
-                        for p in partitions]
-            else:
-                out.append(Message(topic, key, value, headers=floors[key]))
-        return out
+        topic = self.config.kafka.events_topic
+        saved = {sid: c.offset for sid, c in self._saved.items()}
+        return event_messages(events, topic=topic, partitions=self.publisher.partitions(topic), floors=saved,
+                              fmt=self.config.kafka.events_format)
 
     def step(self, *, final: bool = False, now: dt.datetime | None = None) -> int:
         """Read, match, publish, checkpoint. Returns the number of events published.
@@ -157,3 +140,34 @@ class Collector:
         if publisher:
             self.publisher.close()
         self.watcher.close()
+
+
+def event_messages(events: pl.DataFrame, *, topic: str, partitions: Sequence[int], floors: Mapping[str, int],
+                   fmt: str = "arrow") -> list[Message]:
+    """``events`` (EVENT_SCHEMA) as messages of ``topic``: batches keyed by job (events of
+    no job under ``unknown``), host events' batches keyed by host and copied to every one of
+    ``partitions`` (the first one's copy named in :data:`~ckptwatch.kafka.codec.FANOUT_HEADER`,
+    the one the sink stores), each message with the ``floors`` of its sources in
+    :data:`~ckptwatch.kafka.codec.FLOORS_HEADER` (``source_id`` -> offset below which no
+    event of the source is sent again; sources missing from ``floors`` get none). Values
+    are :func:`~ckptwatch.kafka.codec.encode_event_batches` in format ``fmt``."""
+    if events.is_empty():
+        return []
+    job = pl.col("job").fill_null("")
+    keys = events.select(  # a host key is marked apart from a job of the same name (no job name has a NUL)
+        pl.when(host_event_expr()).then(pl.lit(_HOST_MARK) + pl.col("host").fill_null(""))
+        .when(job == "").then(pl.lit(UNKNOWN_JOB.decode())).otherwise(job).cast(pl.Binary).alias("key"))["key"]
+    sources = pl.DataFrame({"key": keys, "source_id": events["source_id"]}).unique(maintain_order=True)
+    headers: dict[bytes, tuple[tuple[str, bytes], ...]] = {}
+    for (key,), rows in sources.partition_by("key", as_dict=True).items():
+        given = {sid: floors[sid] for sid in rows["source_id"] if sid in floors}
+        headers[key] = ((FLOORS_HEADER, encode_floors(given)),) if given else ()
+    out: list[Message] = []
+    for key, value in encode_event_batches(events, keys, fmt=fmt):
+        if key.startswith(_HOST_MARK.encode()):  # the sink stores one copy (floors hold for one)
+            mark = ((FANOUT_HEADER, str(partitions[0]).encode()), *headers[key])
+            out += [Message(topic, key.removeprefix(_HOST_MARK.encode()), value, partition=p, headers=mark)
+                    for p in partitions]
+        else:
+            out.append(Message(topic, key, value, headers=headers[key]))
+    return out

@@ -1,0 +1,139 @@
+"""A simulated fleet published straight to Kafka: what its collectors would publish, at a
+given rate, without tailing files (a load test of the fleet path from the events topic on:
+detectors, sinks, alerts; and a way to time a failure's first event to its incident).
+
+:func:`publish_fleet` generates the fleet (:func:`ckptwatch.simulate.generate`: the same
+logs, ``truth.json``), reads its files once as a collector's ``--once`` would
+(:class:`~ckptwatch.ingest.watcher.SourceWatcher`, the packaged rules) before the clock
+starts, then publishes the events in event-time order at ``rate`` events per second (each
+publish sends every event due by then and waits for the broker's acknowledgement), in the
+collectors' messages (keyed by job, host events copied to
+every partition: :func:`ckptwatch.services.collect.event_messages`), each tick's messages
+acknowledged before the next. Each message carries floors (the lowest offset of its
+sources still to be sent), so a sink drops nothing it should keep and looks nothing up.
+``out/kafka.json`` records the figures and, per job with an injected failure, the wall
+time (UTC) the message holding its first failure event was acknowledged.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from ckptwatch.config import Config
+from ckptwatch.ingest.stats import Stats
+from ckptwatch.ingest.watcher import SourceWatcher
+from ckptwatch.kafka.admin import ensure_topics
+from ckptwatch.kafka.producer import Publisher
+from ckptwatch.pipeline import extract_events
+from ckptwatch.rules import RuleSet
+from ckptwatch.services.collect import event_messages
+from ckptwatch.simulate import FleetSpec, generate
+
+#: seconds at most between two publishes while waiting for events to be due
+TICK_S = 0.05
+#: events in one publish at most (its messages stay a few MB)
+MAX_PUBLISH = 50_000
+
+
+def fleet_events(logs: Path, template: re.Pattern[str] | None, rules: RuleSet) -> tuple[pl.DataFrame, Stats]:
+    """The events (EVENT_SCHEMA) of every file under ``logs``, read to their ends as
+    ``collect --once`` reads them, sorted by event time (events without one last, each
+    file's own order kept), and the reading's stats. Raises OSError if ``logs`` cannot be
+    listed."""
+    watcher = SourceWatcher([str(logs)], template=template)
+    frames = []
+    try:
+        while True:
+            records = watcher.poll(final=True)
+            if not records.is_empty():
+                frames.append(extract_events(rules, records, watcher.stats))
+            if not watcher.backlog:
+                break
+    finally:
+        watcher.close()
+    events = pl.concat(frames) if frames else pl.DataFrame()
+    if not events.is_empty():
+        events = events.sort("ts", nulls_last=True, maintain_order=True)
+    return events, watcher.stats
+
+
+def floors_from(events: pl.DataFrame) -> pl.Series:
+    """Per row of ``events`` (in send order), its source's floor when the row is sent: the
+    lowest offset of the source among this row and the rows after it (no later event of
+    the source lies below it), Int64."""
+    return events.select(pl.col("offset").reverse().cum_min().reverse().over("source_id"))["offset"]
+
+
+def publish_fleet(out: Path, spec: FleetSpec, config: Config, *, rate: float | None = None,
+                  template: re.Pattern[str] | None = None, rules: RuleSet | None = None,
+                  on_wait: Callable[[str], None] | None = None,
+                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep
+                  ) -> dict[str, Any]:
+    """Generate the fleet ``spec`` under ``out`` and publish its events to
+    ``config.kafka.events_topic`` at ``rate`` events/s (None: as fast as the broker
+    acknowledges). ``template``: the path template its layout needs (the truth's
+    ``template``). Returns ``{"truth", "events", "messages", "seconds", "events_per_s",
+    "initiated": {job: ISO wall time}}`` and writes it (without the truth) to
+    ``out/kafka.json``.
+
+    Raises:
+        ValueError: a bad spec or rate, or ``out/logs`` already holds files.
+        BrokerUnavailable: no broker answers within ``[kafka] connect_timeout``.
+    """
+    if rate is not None and not rate > 0:
+        raise ValueError(f"rate must be more than 0 events/s, not {rate}")
+    spec.check()
+    ensure_topics(config.kafka, on_wait=on_wait)  # before the fleet is made: no broker, no files
+    truth = generate(out, spec)
+    events, _ = fleet_events(out / "logs", template, rules or RuleSet.load())
+    floors = floors_from(events) if not events.is_empty() else pl.Series("offset", [], pl.Int64)
+    # each injected failure's first event: the first event of its job at or after the failure's time
+    due = {job: dt.datetime.fromisoformat(j["failure"]["at"]) for job, j in truth["jobs"].items()
+           if j["failure"] and j["failure"].get("at")}
+    first = (events.filter(pl.col("job").is_in(list(due)))
+             .with_row_index("_i").join(pl.DataFrame({"job": list(due), "_at": list(due.values())},
+                                                     schema={"job": pl.Utf8, "_at": events["ts"].dtype}), on="job")
+             .filter(pl.col("ts") >= pl.col("_at")).group_by("job").agg(pl.col("_i").min())
+             if due and not events.is_empty() else pl.DataFrame({"job": [], "_i": []}))
+    initiating = dict(zip(first["_i"].to_list(), first["job"].to_list(), strict=True))
+    topic = config.kafka.events_topic
+    publisher = Publisher(config.kafka, client_id="ckptwatch-simulate", on_wait=on_wait,
+                          compress=config.kafka.events_format != "arrow")
+    initiated: dict[str, str] = {}
+    messages = sent = 0
+    began = clock()
+    try:
+        partitions = publisher.partitions(topic)
+        while sent < events.height:
+            # every event due by now, in one publish: a slow acknowledgement makes the next one larger
+            due = events.height if rate is None else min(events.height, int((clock() - began) * rate) + 1)
+            if due <= sent:
+                sleep(min(TICK_S, max(0.0, began + (sent + 1) / rate - clock())))  # type: ignore[operator]
+                continue
+            end = min(due, sent + MAX_PUBLISH)
+            batch = events.slice(sent, end - sent)
+            tick_floors = dict(pl.DataFrame({"source_id": batch["source_id"], "floor": floors.slice(sent, end - sent)})
+                               .unique("source_id", keep="first", maintain_order=True).iter_rows())
+            msgs = event_messages(batch, topic=topic, partitions=partitions, floors=tick_floors,
+                                  fmt=config.kafka.events_format)
+            publisher.publish(msgs)
+            messages += len(msgs)
+            acked = dt.datetime.now(dt.timezone.utc).isoformat()
+            for i in [i for i in initiating if sent <= i < end]:
+                initiated[initiating.pop(i)] = acked
+            sent = end
+    finally:
+        publisher.close()
+    seconds = clock() - began
+    result = {"events": events.height, "messages": messages, "seconds": round(seconds, 3),
+              "events_per_s": round(events.height / seconds) if seconds > 0 else None, "initiated": initiated}
+    (out / "kafka.json").write_text(json.dumps(result, indent=1) + "\n")
+    return {**result, "truth": truth}
