@@ -19,7 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 SEVERITIES = ("info", "warning", "error", "critical")
@@ -71,10 +71,11 @@ class RootCause:
     sender: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["class"] = d.pop("cls")
-        d["ts"] = self.ts.isoformat() if self.ts else None
-        return d
+        # by hand, not dataclasses.asdict (which deep-copies every field): incidents are
+        # fingerprinted on every update of a fleet's jobs
+        return {"rank": self.rank, "host": self.host, "pid": self.pid,
+                "ts": self.ts.isoformat() if self.ts else None, "rule_id": self.rule_id, "line": self.line,
+                "signal": self.signal, "note": self.note, "sender": self.sender, "class": self.cls}
 
 
 @dataclass
@@ -92,9 +93,8 @@ class EvidenceItem:
     role: str  # "root_cause", "collateral", "save", "context"
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["ts"] = self.ts.isoformat()
-        return d
+        return {"source_id": self.source_id, "offset": self.offset, "ts": self.ts.isoformat(), "kind": self.kind,
+                "rank": self.rank, "host": self.host, "rule_id": self.rule_id, "line": self.line, "role": self.role}
 
 
 @dataclass

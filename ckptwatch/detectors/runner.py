@@ -103,7 +103,11 @@ class Detector:
         self._emitted: dict[str, tuple[str, Incident]] = {}  # id -> (fingerprint, incident)
         self._by_save: dict[tuple[str | None, int | None], str] = {}  # (job, step) -> incident id
         self._by_load: dict[tuple[str | None, int | None, str | None], str] = {}  # (job, step, path) -> id
-        self._dirty: set[str] = set()
+        self._dirty: set[str] = set()  # jobs to evaluate (new input, or saves still open)
+        # jobs with input since they were last evaluated, and the watermark they were evaluated
+        # at: a dirty job with neither new input nor a new watermark would give the same result
+        self._fresh: set[str] = set()
+        self._evaluated_at: dict[str, dt.datetime] = {}
         self.registry = CheckpointRegistry()  # checkpoints across jobs: saves seen, marked bad
         self._loading: set[str] = set()  # jobs that logged a load, a resume or a load error
         self._loads_dirty: set[str] = set()
@@ -136,6 +140,7 @@ class Detector:
                 self.host_events[ev.dedup_key] = ev
                 self._host_arrival[ev.dedup_key] = arrival
                 self._dirty.update(self.jobs)
+                self._fresh.update(self.jobs)
                 if ev.attrs.get("scope") == "host":
                     continue
                 # a rank-less storage error or OOM report in a job's own files is that job's too
@@ -155,6 +160,7 @@ class Detector:
             state.arrived(ev, arrival, ts_limit=limit)
             state.last_arrival = arrival
             self._dirty.add(job)
+            self._fresh.add(job)
             if ev.kind in LOADING_KINDS:
                 self._loading.add(job)
                 self._loads_dirty.add(job)
@@ -206,6 +212,7 @@ class Detector:
             state.add_metrics(rows, arrival, ts_limit=limit)
             self._pending_rows += rows.height
             self._dirty.add(job)
+            self._fresh.add(job)
             if job in self._loading:
                 self._loads_dirty.add(job)  # losses after a resume: post_resume_regression
         self.last_arrival = arrival
@@ -253,12 +260,14 @@ class Detector:
                 self._loads_dirty.add(job)
         self.take_unlabelled()
         self._dirty.add(job)
+        self._fresh.add(job)
         return True
 
     def take_unlabelled(self) -> JobState | None:
         """Remove and return job ``unknown`` (the events that name no job), to be folded into
         the one named job another detector holds (:meth:`adopt_unlabelled`'s ``others``)."""
-        for ids in (self._loading, self._loads_dirty, self._dirty):
+        self._evaluated_at.pop(UNKNOWN_JOB, None)
+        for ids in (self._loading, self._loads_dirty, self._dirty, self._fresh):
             ids.discard(UNKNOWN_JOB)
         for table in (self._open_saves, self._unfinished):
             table.pop(UNKNOWN_JOB, None)
@@ -313,6 +322,10 @@ class Detector:
         for job in sorted(targets if jobs is None else targets & jobs):
             state = self.jobs[job]
             wm = wms[job] = self._job_watermark(state, lateness, now, final=final)
+            if not final and job not in self._fresh and self._evaluated_at.get(job) == wm and not state.integrity:
+                continue  # nothing new since it was evaluated at this watermark: the same result
+            self._fresh.discard(job)
+            self._evaluated_at[job] = wm
             events = state.events_sorted()
             saves = saves_of(state, events)
             registry_changed |= self._record_saves(job, state, saves)
@@ -477,7 +490,8 @@ class Detector:
         self._open_saves.pop(job, None)
         if not keep_incidents:
             self._unfinished.pop(job, None)
-        for ids in (self._loading, self._loads_dirty, self._dirty):
+        self._evaluated_at.pop(job, None)
+        for ids in (self._loading, self._loads_dirty, self._dirty, self._fresh):
             ids.discard(job)
         for iid, (_, inc) in [] if keep_incidents else list(self._emitted.items()):
             if inc.job == job and not (inc.kind == "poisoned_resume" and inc.status == "open"):
