@@ -80,6 +80,12 @@ from ckptwatch.sinks.metrics import Metrics
 
 #: seconds a job's silent source still holds its watermark in the fleet (see the module doc)
 SOURCE_IDLE = 30.0
+#: seconds at most between two asks for incidents of a partition that never catches up
+#: because records keep arriving (a fleet's collectors publish without pause)
+LIVE_ASK_S = 1.0
+#: a record produced (its Kafka timestamp) at most this many seconds before it was fed is
+#: live traffic, not a backlog (a restart's, a replay's)
+LIVE_RECORD_S = 5.0
 
 
 def broker_away(e: BaseException) -> bool:
@@ -122,6 +128,8 @@ class DetectorMember:
         self.replay_until: dict[TopicPartition, int] = {}
         self.position: dict[TopicPartition, int] = {}
         self.committed: dict[TopicPartition, int] = {}  # what this member committed (or found committed)
+        self._fed_ms: dict[TopicPartition, int] = {}  # Kafka timestamp (ms) of the last record fed
+        self._asked: dict[TopicPartition, float] = {}  # monotonic time its detector was last asked
         self._waiting_since: float | None = None  # monotonic time the broker went away, while it is
         self._said = float("-inf")
         self.published: dict[str, str] = {}  # incident id -> fingerprint of the latest published version
@@ -180,6 +188,8 @@ class DetectorMember:
             self.replay_until.pop(tp, None)
             self.position.pop(tp, None)
             self.committed.pop(tp, None)
+            self._fed_ms.pop(tp, None)
+            self._asked.pop(tp, None)
             self._pending.discard(tp)
 
     # -- one unit of work ------------------------------------------------------------------
@@ -230,17 +240,28 @@ class DetectorMember:
         self.replay_starts[tp].note(events["job"].to_list(), offsets)
         self.detectors[tp].process_frame(events, now=now)
         self.position[tp] = records[-1].offset + 1
+        self._fed_ms[tp] = records[-1].timestamp
+        self._asked.setdefault(tp, time.monotonic())
 
     def replaying(self, tp: TopicPartition) -> bool:
         """True while ``tp`` is being replayed up to the offset committed before assignment."""
         return self.position.get(tp, 0) < self.replay_until.get(tp, 0)
 
     def behind(self, tp: TopicPartition) -> bool:
-        """True while more of ``tp`` is known to be waiting than was read: incidents are
-        asked for once a partition is caught up, so a backlog yields one version of an
-        incident, not one per batch as its evidence arrives."""
+        """True while more of ``tp`` is known to be waiting than was read, as a backlog:
+        incidents are asked for once a partition is caught up, so a backlog yields one
+        version of an incident, not one per batch as its evidence arrives. A partition whose
+        records keep arriving may never be caught up (collectors publishing without pause):
+        while what it feeds is live (produced within :data:`LIVE_RECORD_S`) it is asked at
+        least every :data:`LIVE_ASK_S` all the same, as if caught up."""
         end = self.member.highwater(tp)
-        return end is not None and self.position.get(tp, 0) < end
+        if end is None or self.position.get(tp, 0) >= end:
+            return False
+        produced = self._fed_ms.get(tp)
+        if produced is None or produced < 0:  # no timestamp known: a backlog
+            return True
+        live = time.time() * 1000 - produced <= LIVE_RECORD_S * 1000
+        return not (live and time.monotonic() - self._asked.get(tp, time.monotonic()) >= LIVE_ASK_S)
 
     def step(self, *, now: dt.datetime | None = None, final: bool = False) -> int:
         """Poll, feed, publish what changed, commit. Returns the number of records consumed
@@ -351,9 +372,11 @@ class DetectorMember:
         self._learn_saves([f for f in self._decode_saves(self._unread(self.saves.poll())) if not self._owned(f.job)])
         changed: list[Incident] = []
         facts: dict[bytes, SaveFact] = {}
+        asked = [tp for tp in sorted(self.detectors, key=lambda tp: tp.partition)
+                 if not self.replaying(tp) and not self.behind(tp)]
+        self._asked.update(dict.fromkeys(asked, time.monotonic()))
+        ready = [self.detectors[tp] for tp in asked]
         for _ in range(3):  # a save found in one partition may settle a resume in another
-            ready = [det for tp, det in sorted(self.detectors.items(), key=lambda kv: kv[0].partition)
-                     if not self.replaying(tp) and not self.behind(tp)]
             self._adopt_unlabelled(final=final)
             found = [inc for det in ready for inc in det.advance(now=now, final=final)]
             new_facts = [f for det in ready for f in det.take_save_facts()]
