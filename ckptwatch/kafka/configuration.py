@@ -44,7 +44,8 @@ def admin(settings: KafkaSettings, client_id: str) -> dict[str, Any]:
 
 def producer(settings: KafkaSettings, client_id: str, *, compress: bool = True) -> dict[str, Any]:
     """Durable publishing: ``acks=all`` and an idempotent producer (no duplicates from its own
-    retries); up to 5 minutes of retries before a record is given up (``delivery_timeout_ms``).
+    retries); up to 5 minutes of retries before a record is given up (``delivery_timeout_ms``);
+    ``send`` blocks at most 5 s for metadata or buffer space (``max_block_ms``).
     ``compress=False``: no Kafka compression, whatever ``settings.compression`` says (values
     compressed already, as Arrow events batches are)."""
     return {
@@ -56,6 +57,9 @@ def producer(settings: KafkaSettings, client_id: str, *, compress: bool = True) 
         "retry_backoff_ms": 200,
         "delivery_timeout_ms": 300_000,
         "request_timeout_ms": 10_000,
+        # send() blocks for metadata (or buffer) at most this long, then Publisher.publish says
+        # it is waiting and tries again (kafka-python's default, 60 s, was a silent stall)
+        "max_block_ms": 5_000,
         **_passthrough(settings, KafkaProducer),
     }
 

@@ -79,9 +79,17 @@ class Publisher:
         (events by ``(source_id, offset)``, incidents by id)."""
         pending = list(messages)
         while pending:
-            futures = [(m, self._producer.send(m.topic, value=m.value, key=m.key, partition=m.partition,
-                                                     headers=list(m.headers) or None))
-                       for m in pending]
+            futures = []
+            unsent: list[Message] = []
+            for i, m in enumerate(pending):
+                try:
+                    futures.append((m, self._producer.send(m.topic, value=m.value, key=m.key, partition=m.partition,
+                                                           headers=list(m.headers) or None)))
+                except KafkaTimeoutError:  # no metadata, or no buffer, within max_block_ms: the broker is away
+                    unsent = pending[i:]  # sent after the rest is acknowledged: each partition's order kept
+                    self._waiting(f"waiting for Kafka at {self.settings.bootstrap_servers}: "
+                                  f"{len(unsent)} message(s) not sent yet")
+                    break
             while True:
                 try:
                     self._producer.flush(timeout=self.report_every)
@@ -99,7 +107,7 @@ class Publisher:
                 self._waiting(f"waiting for Kafka at {self.settings.bootstrap_servers}: "
                               f"resending {len(failed)} message(s)")
                 time.sleep(0.5)
-            pending = failed
+            pending = failed + unsent
 
     def close(self, timeout: float = 5.0) -> None:
         """Flush for up to ``timeout`` seconds and close. What is still unacknowledged is
