@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test setup clean
+.PHONY: demo test test-slow setup clean
 $(BIN)/ckptwatch: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
@@ -22,6 +22,10 @@ demo: setup
 test: setup
 	$(BIN)/ruff check ckptwatch tests benchmarks scripts
 	$(BIN)/python -m pytest -q --durations=20
+
+# what `make test` leaves out for time: more scenarios through the real broker
+test-slow: setup
+	$(BIN)/python -m pytest -q -m slow
 
 clean:
 	rm -rf $(VENV) demo.duckdb .pytest_cache

@@ -60,6 +60,8 @@ def main() -> None:
     ap.add_argument("--kafka", nargs="?", const="local", metavar="HOST:PORT",
                     help="through Kafka: collect | detect | sink processes instead of run (no value: start a "
                          "broker with scripts/kafka-local)")
+    ap.add_argument("--source-idle", type=float, default=None,
+                    help="with --kafka: detect's [detect] source_idle, seconds (default its own, 30)")
     ap.add_argument("--publish", action="store_true",
                     help="with --kafka: simulate --kafka publishes the events (--rate in events/s), no collector")
     a = ap.parse_args()
@@ -76,6 +78,8 @@ def main() -> None:
             cfg = fresh_config(bootstrap, work, partitions=6)
             env = cli_env(cfg, CKPTWATCH_SINK_DB=str(db), CKPTWATCH_COLLECT_INTERVAL=str(a.interval),
                           CKPTWATCH_DETECT_INTERVAL=str(a.interval))
+            if a.source_idle is not None:
+                env["CKPTWATCH_DETECT_SOURCE_IDLE"] = str(a.source_idle)
             stages = [subprocess.Popen(cli + args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                        text=True)
                       for args in ([] if a.publish else [["collect", str(work / "logs")]]) + [["detect"], ["sink"]]]
@@ -94,11 +98,13 @@ def main() -> None:
             subprocess.run(cli + fleet + ["--rotate-mb", str(a.rotate_mb)], check=True, stdout=subprocess.DEVNULL)
         wrote = time.monotonic() - t0
         time.sleep(a.settle)
+        said = []
         for p in stages:
             p.send_signal(signal.SIGINT)
             err = p.communicate(timeout=120)[1]
             if p.returncode not in (0, 1):
                 raise SystemExit(f"{' '.join(p.args[3:5])} exited {p.returncode}: {err[-800:]}")
+            said.append(f"{p.args[3]}: {err.strip().splitlines()[-1] if err.strip() else ''}")
         live = json.loads((work / ("kafka.json" if a.publish else "live.json")).read_text())
         truth = json.loads((work / "truth.json").read_text())
         stored = read_incidents(db)
@@ -134,6 +140,7 @@ def main() -> None:
               f"{lat[-1] if lat else 0:.2f} |")
         if missing:
             print(f"\nno incident for: {', '.join(missing[:10])}")
+        print("\n" + "\n".join(said))
     finally:
         if local:
             local.stop(work / "broker")

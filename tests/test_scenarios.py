@@ -57,8 +57,15 @@ KAFKA_NAMES = sorted(_ORIGINAL | {next(n for n in NAMES if n.split("-")[0] == fw
                                   if any(n.split("-")[0] == fw and bool(spec(n)["incidents"]) == faulty for n in NAMES)})
 
 
+#: of those, what CI runs (`make test`); the rest run in `make test-slow` (about 7 s each,
+#: mostly idle waits): the first scenarios, and host events (a kernel OOM kill), container
+#: JSON logs and an async save in their own shapes
+KAFKA_IN_CI = _ORIGINAL | {"deepspeed-launcher-kernel-oom", "k8s-json-logs-oomkilled", "dcp-async-timelimit-during-save"}
+
+
 @pytest.mark.kafka
-@pytest.mark.parametrize("name", KAFKA_NAMES)
+@pytest.mark.parametrize("name", [n if n in KAFKA_IN_CI else pytest.param(n, marks=pytest.mark.slow)
+                                  for n in KAFKA_NAMES])
 def test_each_scenario_same_incidents_through_kafka(name, kafka_bootstrap, tmp_path):
     files = [p for p in (SCENARIO_DIR / name / "logs").rglob("*") if p.is_file()]
     if all(p.suffix == ".gz" for p in files):
