@@ -113,7 +113,7 @@ def _kafka_config(kafka: str | None, path: str | None, partitions: int | None) -
     try:
         cfg = config_mod.load(path, flags={"kafka": {"bootstrap_servers": kafka, "partitions": partitions}})
         if not cfg.kafka.enabled:
-            return None
+            raise config_mod.ConfigError(f"--kafka {kafka}: Kafka is not enabled by the configuration")
         check_client_keys(cfg.kafka)
     except config_mod.ConfigError as e:
         _err.print(f"[red]error:[/red] {escape(str(e))}")

@@ -247,16 +247,27 @@ class DetectorMember:
         """True while ``tp`` is being replayed up to the offset committed before assignment."""
         return self.position.get(tp, 0) < self.replay_until.get(tp, 0)
 
-    def behind(self, tp: TopicPartition) -> bool:
+    def caught_up(self, tp: TopicPartition) -> bool:
+        """True when everything known to be in ``tp`` was read (its high-water mark), or
+        nothing is known."""
+        end = self.member.highwater(tp)
+        return end is None or self.position.get(tp, 0) >= end
+
+    def behind(self, tp: TopicPartition, *, final: bool = False) -> bool:
         """True while more of ``tp`` is known to be waiting than was read, as a backlog:
         incidents are asked for once a partition is caught up, so a backlog yields one
         version of an incident, not one per batch as its evidence arrives. A partition whose
         records keep arriving may never be caught up (collectors publishing without pause):
         while what it feeds is live (produced within :data:`LIVE_RECORD_S`) it is asked at
-        least every :data:`LIVE_ASK_S` all the same, as if caught up."""
-        end = self.member.highwater(tp)
-        if end is None or self.position.get(tp, 0) >= end:
+        least every :data:`LIVE_ASK_S` all the same, as if caught up; not with ``final``
+        (an ask then concludes every save: only once all is read). Record timestamps are the
+        producers' clocks: one more than :data:`LIVE_RECORD_S` behind keeps its partitions
+        held until caught up (as before), one far ahead makes a backlog look live (incidents
+        in more versions while it is read)."""
+        if self.caught_up(tp):
             return False
+        if final:
+            return True
         produced = self._fed_ms.get(tp)
         if produced is None or produced < 0:  # no timestamp known: a backlog
             return True
@@ -329,8 +340,8 @@ class DetectorMember:
         into the job's detector. Otherwise (a group of members) they stay job ``unknown``."""
         if not any(UNKNOWN_JOB in det.jobs for det in self.detectors.values()):
             return
-        if any(self.replaying(tp) or self.behind(tp) for tp in self.detectors):
-            return
+        if any(self.replaying(tp) or not self.caught_up(tp) for tp in self.detectors):
+            return  # a fold cannot be undone: only with every partition read to its end
         topic = self.config.kafka.events_topic
         if {tp.partition for tp in self.detectors if tp.topic == topic} != set(self.publisher.partitions(topic)):
             return
@@ -373,7 +384,7 @@ class DetectorMember:
         changed: list[Incident] = []
         facts: dict[bytes, SaveFact] = {}
         asked = [tp for tp in sorted(self.detectors, key=lambda tp: tp.partition)
-                 if not self.replaying(tp) and not self.behind(tp)]
+                 if not self.replaying(tp) and not self.behind(tp, final=final)]
         self._asked.update(dict.fromkeys(asked, time.monotonic()))
         ready = [self.detectors[tp] for tp in asked]
         for _ in range(3):  # a save found in one partition may settle a resume in another
