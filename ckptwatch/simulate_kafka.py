@@ -7,9 +7,8 @@ logs, ``truth.json``), reads its files once as a collector's ``--once`` would
 (:class:`~ckptwatch.ingest.watcher.SourceWatcher`, the packaged rules) before the clock
 starts, then publishes the events in event-time order at ``rate`` events per second (each
 publish sends every event due by then and waits for the broker's acknowledgement), in the
-collectors' messages (keyed by job, host events copied to
-every partition: :func:`ckptwatch.services.collect.event_messages`), each tick's messages
-acknowledged before the next. Each message carries floors (the lowest offset of its
+collectors' messages (keyed by job, host events copied to every partition:
+:func:`ckptwatch.services.collect.event_messages`). Each message carries floors (the lowest offset of its
 sources still to be sent), so a sink drops nothing it should keep and looks nothing up.
 ``out/kafka.json`` records the figures and, per job with an injected failure, the wall
 time (UTC) the message holding its first failure event was acknowledged.
