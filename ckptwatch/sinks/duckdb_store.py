@@ -704,12 +704,16 @@ class Store:
     def _stored_pairs(self, pairs: pl.DataFrame) -> pl.DataFrame:
         """Of ``pairs`` (PAIR_SCHEMA), those the events table holds: for sources with no
         known floor (one scan of the table)."""
-        wanted = pairs.to_arrow()
+        return self._pairs_joined('SELECT DISTINCT e.source_id, e."offset" FROM events e '
+                                  'JOIN arrow a ON e.source_id = a.source_id AND e."offset" = a."offset"',
+                                  pairs.to_arrow())
 
+    def _pairs_joined(self, sql: str, table: Any) -> pl.DataFrame:
+        """The ``(source_id, offset)`` rows (PAIR_SCHEMA) of ``sql``, a read in which ``arrow``
+        is the Arrow ``table`` (DuckDB's replacement scan)."""
         def query(raw: duckdb.DuckDBPyConnection) -> Any:
-            arrow = wanted  # noqa: F841 (read by DuckDB's replacement scan, from this frame)
-            return raw.sql('SELECT DISTINCT e.source_id, e."offset" FROM events e '
-                               'JOIN arrow a ON e.source_id = a.source_id AND e."offset" = a."offset"').to_arrow_table()
+            arrow = table  # noqa: F841 (read by DuckDB's replacement scan, from this frame)
+            return raw.sql(sql).to_arrow_table()
 
         return _pairs_of(self._run(query, False))
 
@@ -723,13 +727,9 @@ class Store:
             floors.update(self.con.execute("SELECT source_id, floor FROM source_floors").fetchall())
             table = pl.DataFrame({"source_id": list(floors), "floor": list(floors.values())},
                                  schema={"source_id": pl.Utf8, "floor": pl.Int64}).to_arrow()
-
-            def query(raw: duckdb.DuckDBPyConnection) -> Any:
-                arrow = table  # noqa: F841 (read by DuckDB's replacement scan, from this frame)
-                return raw.sql('SELECT e.source_id, e."offset" FROM events e JOIN arrow f '
-                                   'ON e.source_id = f.source_id AND e."offset" >= f.floor').to_arrow_table()
-
-            held = _pairs_of(self._run(query, False)) if floors else pl.DataFrame(schema=PAIR_SCHEMA)
+            held = (self._pairs_joined('SELECT e.source_id, e."offset" FROM events e JOIN arrow f '
+                                       'ON e.source_id = f.source_id AND e."offset" >= f.floor', table)
+                    if floors else pl.DataFrame(schema=PAIR_SCHEMA))
             self._offsets = StoredOffsets(floors, held)
         return self._offsets
 

@@ -96,9 +96,7 @@ class StoredOffsets:
         lower than the one known (a collector that lost its offsets file sends its files
         again) has its source looked up in the table until its floor passes the old one."""
         for sid, floor in floors.items():
-            old = self.floors.get(sid)
-            if old is not None and floor < old:
-                self._unsure[sid] = max(old, self._unsure.get(sid, old))
+            self._went_back(sid, floor)
 
     def unstored(self, sources: Iterable[str]) -> None:
         """``sources`` have nothing stored (``run``: never committed): their floor is 0, so
@@ -113,13 +111,12 @@ class StoredOffsets:
         the bounds say, see the class docstring). ``now``: monotonic seconds (tests)."""
         now = time.monotonic() if now is None else now
         for sid, floor in floors.items():
-            old = self.floors.get(sid)
             if sid in self._expired:  # its pairs were let go: trusted once the floor passes them
                 high = self._expired.pop(sid)
                 if floor < high:
                     self._unsure[sid] = max(high, self._unsure.get(sid, high))
-            elif old is not None and floor < old:
-                self._unsure[sid] = max(old, self._unsure.get(sid, old))
+            else:
+                self._went_back(sid, floor)
             if sid in self._unsure and floor >= self._unsure[sid]:
                 del self._unsure[sid]
             self.floors[sid] = floor
@@ -135,6 +132,13 @@ class StoredOffsets:
             held = (held.join(floor, on="source_id", how="inner")
                     .filter(pl.col("offset") >= pl.col("_floor")).select(list(PAIR_SCHEMA)))
         self.held = self._bounded(held, now)
+
+    def _went_back(self, sid: str, floor: int) -> None:
+        """A floor of ``sid`` below the one known: its source is looked up in the table
+        until its floor passes the old one."""
+        old = self.floors.get(sid)
+        if old is not None and floor < old:
+            self._unsure[sid] = max(old, self._unsure.get(sid, old))
 
     def _bounded(self, held: pl.DataFrame, now: float) -> pl.DataFrame:
         """``held`` without the pairs of idle sources (their floors go too) and of sources
