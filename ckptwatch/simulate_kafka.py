@@ -20,7 +20,7 @@ import datetime as dt
 import json
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +71,18 @@ def floors_from(events: pl.DataFrame) -> pl.Series:
     return events.select(pl.col("offset").reverse().cum_min().reverse().over("source_id"))["offset"]
 
 
+def initiating_rows(events: pl.DataFrame, failed_at: Mapping[str, dt.datetime]) -> dict[int, str]:
+    """Row index in ``events`` (send order) -> job, of each job's first event at or after
+    its failure's time ``failed_at[job]`` (UTC)."""
+    if not failed_at or events.is_empty():
+        return {}
+    first = (events.with_row_index("_i").filter(pl.col("job").is_in(list(failed_at)))  # indexes of the whole frame
+             .join(pl.DataFrame({"job": list(failed_at), "_at": list(failed_at.values())},
+                                schema={"job": pl.Utf8, "_at": events["ts"].dtype}), on="job")
+             .filter(pl.col("ts") >= pl.col("_at")).group_by("job").agg(pl.col("_i").min()))
+    return dict(zip(first["_i"].to_list(), first["job"].to_list(), strict=True))
+
+
 def publish_fleet(out: Path, spec: FleetSpec, config: Config, *, rate: float | None = None,
                   template: re.Pattern[str] | None = None, rules: RuleSet | None = None,
                   on_wait: Callable[[str], None] | None = None,
@@ -95,14 +107,8 @@ def publish_fleet(out: Path, spec: FleetSpec, config: Config, *, rate: float | N
     events, _ = fleet_events(out / "logs", template, rules or RuleSet.load())
     floors = floors_from(events) if not events.is_empty() else pl.Series("offset", [], pl.Int64)
     # each injected failure's first event: the first event of its job at or after the failure's time
-    due = {job: dt.datetime.fromisoformat(j["failure"]["at"]) for job, j in truth["jobs"].items()
-           if j["failure"] and j["failure"].get("at")}
-    first = (events.filter(pl.col("job").is_in(list(due)))
-             .with_row_index("_i").join(pl.DataFrame({"job": list(due), "_at": list(due.values())},
-                                                     schema={"job": pl.Utf8, "_at": events["ts"].dtype}), on="job")
-             .filter(pl.col("ts") >= pl.col("_at")).group_by("job").agg(pl.col("_i").min())
-             if due and not events.is_empty() else pl.DataFrame({"job": [], "_i": []}))
-    initiating = dict(zip(first["_i"].to_list(), first["job"].to_list(), strict=True))
+    initiating = initiating_rows(events, {job: dt.datetime.fromisoformat(j["failure"]["at"])
+                                          for job, j in truth["jobs"].items() if j["failure"] and j["failure"].get("at")})
     topic = config.kafka.events_topic
     publisher = Publisher(config.kafka, client_id="ckptwatch-simulate", on_wait=on_wait,
                           compress=config.kafka.events_format != "arrow")

@@ -55,3 +55,18 @@ def test_simulate_without_a_broker_says_so_and_writes_nothing(tmp_path):
     assert sim.returncode == 2
     assert "no Kafka broker at 127.0.0.1:9" in err and "Traceback" not in err
     assert not (tmp_path / "fleet" / "logs").exists()
+
+
+def test_a_failures_first_event_is_found_by_its_row_in_the_whole_send_order():
+    """Rows of other jobs come before it: its index counts them (it once indexed only the
+    failing jobs' rows, so the acknowledgement of an earlier batch was taken for its own)."""
+    import datetime as dt
+
+    import polars as pl
+
+    from ckptwatch.simulate_kafka import initiating_rows
+
+    t = [dt.datetime(2026, 11, 30, 10, 0, s, tzinfo=dt.timezone.utc) for s in range(6)]
+    events = pl.DataFrame({"job": ["clean", "clean", "bad", "clean", "bad", "bad"], "ts": t})
+    assert initiating_rows(events, {"bad": t[3]}) == {4: "bad"}
+    assert initiating_rows(events, {}) == {}
