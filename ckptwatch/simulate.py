@@ -108,6 +108,13 @@ class _Failure:
     at: str | None = None
 
 
+def check_out(out: Path) -> None:
+    """Raises ValueError if ``out/logs`` already holds files (two fleets would mix)."""
+    logs = out / "logs"
+    if logs.is_dir() and any(logs.iterdir()):
+        raise ValueError(f"{logs} already holds logs (another fleet?): simulate into a new or empty directory")
+
+
 def generate(out: Path, spec: FleetSpec, *, collect: list[tuple[dt.datetime, Path, str]] | None = None
              ) -> dict[str, Any]:
     """Write the fleet's logs under ``out/logs`` and ``out/truth.json``; returns the truth
@@ -120,8 +127,7 @@ def generate(out: Path, spec: FleetSpec, *, collect: list[tuple[dt.datetime, Pat
     spec.check()
     rnd = random.Random(spec.seed)
     logs = out / "logs"
-    if logs.is_dir() and any(logs.iterdir()):
-        raise ValueError(f"{logs} already holds logs (another fleet?): simulate into a new or empty directory")
+    check_out(out)
     logs.mkdir(parents=True, exist_ok=True)
     failing = set(rnd.sample(range(spec.jobs), round(spec.jobs * spec.failures)))
     jobs: dict[str, Any] = {}

@@ -29,7 +29,7 @@ from rich.markup import escape
 
 from ckptwatch import config as config_mod
 from ckptwatch.config import Config
-from ckptwatch.simulate import FAILURES, FleetSpec, generate, score
+from ckptwatch.simulate import FAILURES, FleetSpec, check_out, generate, score
 from ckptwatch.simulate_live import write_live
 
 _out = Console(highlight=False, soft_wrap=True)  # commands stay on one line to paste
@@ -75,6 +75,9 @@ def simulate_cmd(
     cfg = _kafka_config(kafka, config, partitions)
     try:
         spec.check()
+        if rate is not None and not rate > 0:
+            raise ValueError(f"--rate must be more than 0, not {rate:g}")
+        check_out(out)  # before a broker is waited for or anything is said
         if cfg is not None:
             if rotate_mb:
                 raise ValueError("--rotate-mb is for files written live, not for --kafka")

@@ -34,7 +34,7 @@ from ckptwatch.kafka.producer import Publisher
 from ckptwatch.pipeline import extract_events
 from ckptwatch.rules import RuleSet
 from ckptwatch.services.collect import event_messages
-from ckptwatch.simulate import FleetSpec, generate
+from ckptwatch.simulate import FleetSpec, check_out, generate
 
 #: seconds at most between two publishes while waiting for events to be due
 TICK_S = 0.05
@@ -102,6 +102,7 @@ def publish_fleet(out: Path, spec: FleetSpec, config: Config, *, rate: float | N
     if rate is not None and not rate > 0:
         raise ValueError(f"rate must be more than 0 events/s, not {rate}")
     spec.check()
+    check_out(out)
     ensure_topics(config.kafka, on_wait=on_wait)  # before the fleet is made: no broker, no files
     truth = generate(out, spec)
     events, _ = fleet_events(out / "logs", template, rules or RuleSet.load())

@@ -70,3 +70,16 @@ def test_a_failures_first_event_is_found_by_its_row_in_the_whole_send_order():
     events = pl.DataFrame({"job": ["clean", "clean", "bad", "clean", "bad", "bad"], "ts": t})
     assert initiating_rows(events, {"bad": t[3]}) == {4: "bad"}
     assert initiating_rows(events, {}) == {}
+
+
+def test_bad_options_are_refused_before_a_broker_is_waited_for(tmp_path):
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("CKPTWATCH_")},
+           "CKPTWATCH_KAFKA_CONNECT_TIMEOUT": "30"}
+    (tmp_path / "fleet" / "logs").mkdir(parents=True)
+    (tmp_path / "fleet" / "logs" / "old.log").write_text("x\n")
+    used = ckptwatch(["simulate", str(tmp_path / "fleet"), "--kafka", "127.0.0.1:9"], env)
+    out, err = used.communicate(timeout=20)  # at once, not after the 30 s connect timeout
+    assert used.returncode == 2 and "already holds logs" in err and "Kafka" not in out + err
+    zero = ckptwatch(["simulate", str(tmp_path / "other"), "--rate", "0", "--kafka", "127.0.0.1:9"], env)
+    out, err = zero.communicate(timeout=20)
+    assert zero.returncode == 2 and "--rate must be more than 0, not 0" in err and "publishing" not in out
