@@ -723,15 +723,13 @@ class RuleSet:
         if records.is_empty():
             return empty_events()
         pool = records.with_row_index("_rid")
-        masks = records.select([pl.col("line").str.contains(p, literal=True).alias(str(i))
-                                for i, p in enumerate(prefilters)])
-        column = {p: str(i) for i, p in enumerate(prefilters)}
+        masks = _literal_masks(records["line"], prefilters)
         source_masks: dict[tuple[str, ...], pl.Series] = {}
         claimed = pl.Series("claimed", [False] * records.height, dtype=pl.Boolean)
         parts: list[pl.DataFrame] = []
         for rule in self.rules:
-            m = masks.get_column(column[rule.prefilter])
-            if not m.any():
+            m = masks.get(rule.prefilter)
+            if m is None:
                 continue
             if rule.sources:
                 if rule.sources not in source_masks:
@@ -824,6 +822,22 @@ class RuleSet:
                 if out[i] is None:
                     out[i] = f.during
         return out
+
+
+def _literal_masks(lines: pl.Series, literals: list[str]) -> dict[str, pl.Series]:
+    """Which of ``lines`` hold each of ``literals``, for the literals some line holds:
+    ``{literal: Boolean Series of len(lines)}``. One overlapping Aho-Corasick pass reports
+    every literal a line holds (``checkpoint`` and ``heckpoint`` both), where a ``contains``
+    per literal made one pass per rule's literal: 189 passes, two thirds of the rules'
+    time on a fleet's logs."""
+    found = (pl.DataFrame({"line": lines}).with_row_index("_r")
+             .select("_r", pl.col("line").str.extract_many(literals, overlapping=True).alias("_lit"))
+             .explode("_lit").drop_nulls("_lit").unique(["_r", "_lit"]))
+    out: dict[str, pl.Series] = {}
+    blank = pl.Series("m", [False] * len(lines), dtype=pl.Boolean)
+    for (lit,), rows in found.partition_by("_lit", as_dict=True).items():
+        out[str(lit)] = blank.scatter(rows["_r"], True)
+    return out
 
 
 def _alternatives(groups: pl.DataFrame, name: str) -> list[str]:
