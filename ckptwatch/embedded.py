@@ -80,12 +80,15 @@ class EmbeddedRunner:
             self.detector.process_frame(stored)
         self.detector.adopt(self.store.open_incidents())  # still its to withdraw or resolve (late lines)
 
-    def cycle(self, *, final: bool = False, now: dt.datetime | None = None) -> list[Incident]:
+    def cycle(self, *, final: bool = False, now: dt.datetime | None = None, conclude: bool = False) -> list[Incident]:
         """One pass: read (a chunk of each file), match, store, detect. Returns the
         incidents that changed. With ``final``, the input is complete only once
         ``watcher.backlog`` is False after the read: until then incidents are concluded
         as the watermark passes them, like a live run, and stored as they are. ``now``
-        (UTC, default: the wall clock) moves the watermark of a job that went silent."""
+        (UTC, default: the wall clock) moves the watermark of a job that went silent.
+        ``conclude`` (with ``final``: ``run --once``): a job every file of which is read is
+        judged and its lines let go, as ``diagnose`` does (:func:`ckptwatch.pipeline.diagnose`),
+        so memory holds the jobs still being read."""
         now = now or dt.datetime.now(dt.timezone.utc)
         if self.checkpoints:
             self.checkpoints.poll(wait=final)
@@ -109,6 +112,13 @@ class EmbeddedRunner:
         if not self.watcher.backlog:
             self.detector.adopt_unlabelled(live=not done)
         changed = self.detector.advance(final=done, now=now)
+        if conclude and final:
+            read = self.watcher.jobs_read()
+            if read:
+                changed += self.detector.conclude(read, now=now)
+            position = self.watcher.read_position()
+            if position is not None:
+                self.detector.retire_saves(position)
         released = self.detector.take_released()
         if released:
             self.store.save_released(released, self.detector.registry.to_dict())
@@ -139,13 +149,38 @@ class EmbeddedRunner:
         seconds before returning; what is still failing stays queued for the next run.
         The caller owns the store and closes it (:meth:`close`)."""
         if once:
-            self.cycle(final=True)
+            self.cycle(final=True, conclude=True)
             while self.watcher.backlog:  # a backlog streams: each chunk is stored and judged before the next
-                self.cycle(final=True)
+                self.cycle(final=True, conclude=True)
+            if self.detector.stats.after_conclusion:
+                self._judge_again()
             if self.alerter:
                 self.alerter.drain(drain)
             return
         run_steps([self._step], interval=interval, until_idle=until_idle, pace=True)
+
+    def _judge_again(self) -> None:
+        """Lines reached a job after it was concluded (a file whose lines name another job
+        than its path): judge every stored event again with a detector that concludes
+        nothing, as :func:`ckptwatch.pipeline.diagnose` reads again, and store what changed.
+        Memory then holds every job's events, as before conclusion."""
+        late = self.detector.stats.after_conclusion
+        self.detector = Detector(self.options.detector)
+        released, registry = self.store.released()
+        self.detector.restore(released, registry)
+        self.detector.process_frame(self.store.events_to_replay())
+        self.detector.adopt(self.store.open_incidents())
+        self.detector.adopt_unlabelled()
+        changed = self.detector.advance(final=True)
+        if changed:
+            with self.store.transaction():
+                self.store.upsert_incidents(changed)
+                if self.alerter:
+                    self.alerter.notify(changed)
+            for inc in changed:
+                self.on_incident(inc)
+        self.metrics.observe_incidents(changed)
+        self.stats.note("judged_again_unconcluded", late)
 
     def _step(self) -> int:
         """One cycle; returns the number of lines it read plus the alert deliveries done or

@@ -486,7 +486,8 @@ class Detector:
         self._retire_at.pop(job, None)
         tomb = state.max_ts or wall
         self.released[job] = (tomb, wall)
-        self._newly_released.append((job, tomb))
+        if not keep_incidents:  # a concluded job is not released for good: a restart replays it
+            self._newly_released.append((job, tomb))
         self._open_saves.pop(job, None)
         if not keep_incidents:
             self._unfinished.pop(job, None)

@@ -1,0 +1,90 @@
+"""``run --once`` concludes a job as soon as every file its path names is read, as
+``diagnose`` does: the detector holds the jobs still being read, the stored incidents are
+those of a run that keeps every job to the end, and lines that reach a concluded job make
+the run judge every stored event again."""
+
+from __future__ import annotations
+
+from test_conclude import _rank_file
+
+from ckptwatch.detectors.runner import Detector
+from ckptwatch.embedded import EmbeddedRunner
+from ckptwatch.ingest.layout import compile_template
+from ckptwatch.ingest.watcher import SourceWatcher
+from ckptwatch.pipeline import PipelineOptions, diagnose
+from ckptwatch.simulate import FleetSpec, generate, score
+
+
+def run_once(logs, db, options, monkeypatch, *, concluding: bool) -> tuple[list[dict], list[int], EmbeddedRunner]:
+    """The stored incidents (dicts without their detection time), ordered, the lines the
+    detector held after each batch, and the runner (its store closed)."""
+    held: list[int] = []
+    process = Detector.process_frame
+
+    def counted(self, events, **kw):
+        process(self, events, **kw)
+        held.append(sum(len(j.events) + len(j.progress) for j in self.jobs.values()))
+
+    with monkeypatch.context() as m:
+        m.setattr(Detector, "process_frame", counted)
+        if not concluding:
+            m.setattr(SourceWatcher, "jobs_read", lambda self: None)
+        runner = EmbeddedRunner(str(logs), str(db), options)
+        try:
+            runner.run(once=True)
+            stored = runner.store.con.execute(
+                "SELECT kind, job, step, status, root_cause_class, root_rank, checkpoint_state FROM incidents "
+                "ORDER BY job, kind, step").fetchall()
+            tombstones, _ = runner.store.released()
+        finally:
+            runner.close()
+    assert tombstones == []  # a concluded job is not released for good: a restart replays it
+    return [dict(zip(("kind", "job", "step", "status", "class", "rank", "state"), row, strict=True))
+            for row in stored], held, runner
+
+
+def test_a_fleet_stored_job_by_job_holds_few_jobs_and_stores_the_same_incidents(tmp_path, monkeypatch):
+    truth = generate(tmp_path, FleetSpec(jobs=12, nodes_per_job=2, ranks_per_node=4, failures=0.5, seed=4,
+                                         layout="rank-files", steps=90, save_every=30))
+    options = PipelineOptions(template=compile_template(truth["template"]), poll_bytes=64 << 10)
+    kept, held_all, _ = run_once(tmp_path / "logs", tmp_path / "kept.duckdb", options, monkeypatch, concluding=False)
+    found, held, runner = run_once(tmp_path / "logs", tmp_path / "found.duckdb", options, monkeypatch,
+                                   concluding=True)
+    assert found == kept
+    # one first taken for an interrupted save, then superseded by the storage failure under it
+    assert sorted(i["status"] for i in found) == ["open"] * 6 + ["superseded"]
+    found = [i for i in found if i["status"] == "open"]
+    assert runner.detector.stats.after_conclusion == 0 and "judged_again_unconcluded" not in runner.stats.notes
+    # every injected failure, with its cause and rank, as diagnose finds them
+    shaped = [{"kind": i["kind"], "job": i["job"], "step": i["step"],
+               "root_cause": {"class": i["class"], "rank": i["rank"]}} for i in found]
+    result = score(truth, shaped)
+    assert (result["injected"], result["exact"], result["false"], result["clean_with_incident"]) == (6, 6, 0, 0)
+    assert sorted((i["job"], i["kind"], i["step"]) for i in found) == sorted(
+        (i.job, i.kind, i.step) for i in diagnose([str(tmp_path / "logs")], options)[0])
+    # one job or two held at a time, not all twelve
+    assert max(held) * 4 < max(held_all), (max(held), max(held_all))
+
+
+def test_lines_that_reach_a_concluded_job_make_run_once_judge_again(tmp_path, monkeypatch):
+    logs = tmp_path / "logs"
+    for rank in range(4):
+        _rank_file(logs / "a-victim" / "h-1" / f"rank{rank}.log", 300, killed_at=300 if rank == 2 else None)
+    (logs / "a-victim" / "h-1" / "console.log").write_text(
+        "E1130 10:05:01.456000 1234 torch/distributed/elastic/multiprocessing/api.py:869] failed (exitcode: -9) "
+        "local_rank: 2 (pid: 5002) of binary: /usr/bin/python3\n")
+    for rank in range(4):
+        _rank_file(logs / "z-next" / "h-1" / f"rank{rank}.log", 200)
+    # the node's syslog, filed with the later job's logs: the OOM kill of a-victim's rank 2,
+    # read after a-victim was concluded
+    (logs / "z-next" / "h-1" / "syslog").write_text(
+        "2026-11-30T10:05:00.300000+00:00 h-1 kernel: [12345.678901] Out of memory: Killed process 5002 (python3) "
+        "total-vm:98765432kB, anon-rss:61234567kB, file-rss:102400kB, shmem-rss:8192kB, UID:0 pgtables:130000kB "
+        "oom_score_adj:0\n")
+    options = PipelineOptions(template=compile_template("{job}/{host}/*"), poll_bytes=8 << 10)
+    kept, _, _ = run_once(logs, tmp_path / "kept.duckdb", options, monkeypatch, concluding=False)
+    found, _, runner = run_once(logs, tmp_path / "found.duckdb", options, monkeypatch, concluding=True)
+    assert [(i["kind"], i["job"], i["step"], i["status"], i["class"], i["rank"]) for i in found] == [
+        ("interrupted_save", "a-victim", 300, "open", "oom_kill", 2)]
+    assert found == kept
+    assert runner.stats.notes["judged_again_unconcluded"] > 0
