@@ -113,13 +113,18 @@ def main() -> None:
             key = (inc["job"], inc["step"])
             first[key] = min(first.get(key, inc["detected_ts"]), inc["detected_ts"])
         lat, missing = [], []
+        by_kind: dict[str, list[float]] = {}
+        by_time: list[tuple[dt.datetime, float]] = []  # (when the failure began, its latency)
         for job, at in live["initiated"].items():
-            step = truth["jobs"][job]["failure"]["step"]
-            seen = first.get((job, step))
+            failure = truth["jobs"][job]["failure"]
+            seen = first.get((job, failure["step"]))
             if seen is None:
                 missing.append(job)
                 continue
-            lat.append((seen - dt.datetime.fromisoformat(at)).total_seconds())
+            began = dt.datetime.fromisoformat(at)
+            lat.append((seen - began).total_seconds())
+            by_kind.setdefault(failure["kind"], []).append(lat[-1])
+            by_time.append((began, lat[-1]))
         graded = score(truth, stored)
         lat.sort()
         q = statistics.quantiles(lat, n=100, method="inclusive") if len(lat) > 1 else (lat * 99 or [0.0] * 99)
@@ -138,6 +143,17 @@ def main() -> None:
         print(f"| right cause + rank / injected, false | {graded['exact']} / {graded['injected']}, {graded['false']} |")
         print(f"| latency p50 / p99 / max, s (target p99 <= 2) | {q[49]:.2f} / {q[98]:.2f} / "
               f"{lat[-1] if lat else 0:.2f} |")
+        # where the tail comes from: one kind of failure (what concludes it), or a stage
+        # falling behind as the run goes on (the later quarters slower)
+        print("\n| failure injected | n | p50, s | max, s |\n|---|---:|---:|---:|")
+        for kind, xs in sorted(by_kind.items()):
+            print(f"| {kind} | {len(xs)} | {statistics.median(xs):.2f} | {max(xs):.2f} |")
+        by_time.sort()
+        quarter = max(1, -(-len(by_time) // 4))
+        print("\n| failures in the order they began | n | p50, s | max, s |\n|---|---:|---:|---:|")
+        for n in range(0, len(by_time), quarter):
+            xs = [x for _, x in by_time[n:n + quarter]]
+            print(f"| {n // quarter + 1} of 4 | {len(xs)} | {statistics.median(xs):.2f} | {max(xs):.2f} |")
         if missing:
             print(f"\nno incident for: {', '.join(missing[:10])}")
         print("\n" + "\n".join(said))
