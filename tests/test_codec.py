@@ -124,3 +124,34 @@ def test_save_fact_decode_names_the_problem():
         decode_save_fact(b'{"job": "j", "step": 1, "path": null, "complete": true, "first_ts": null, "world_size": 2}')
     with pytest.raises(DecodeError, match="not a ckptwatch save fact"):
         decode_save_fact(b"[1, 2]")
+
+
+def test_a_run_of_arrow_messages_decodes_as_one_frame_zstd_written_ones_too(copy_scenario):
+    """Consecutive Arrow messages are read into one frame, with each one's count; those an
+    earlier version wrote with zstd read alike, and a foreign producer's batch whose column
+    types do not unify with ours is still read."""
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
+    from ckptwatch.ingest.watcher import SourceWatcher
+    from ckptwatch.pipeline import extract_events
+    from ckptwatch.rules import RuleSet
+
+    w = SourceWatcher([str(copy_scenario("02-sigkill-mid-save"))])
+    events = extract_events(RuleSet.load(()), w.poll(final=True), w.stats)
+    w.close()
+    ours = [v for _, v in codec.encode_event_batches(events, [b"j"] * events.height, max_bytes=20_000)]
+    assert len(ours) > 2
+    sink = pa.BufferOutputStream()
+    table = events.head(20).to_arrow()
+    with ipc.new_stream(sink, table.schema, options=ipc.IpcWriteOptions(compression="zstd")) as writer:
+        writer.write_table(table)
+    older = sink.getvalue().to_pybytes()
+    frame, counts = codec.decode_event_messages([older, *ours, older])
+    assert counts == [20, *(codec.decode_events([v]).height for v in ours), 20]
+    assert sum(counts[1:-1]) == events.height
+    assert frame.equals(pl.concat([events.head(20), events, events.head(20)]))
+    foreign = events.head(3).with_columns(pl.col("rank").cast(pl.Utf8))
+    odd = codec.encode_event_batches(foreign, [b"j"] * 3)[0][1]
+    frame, counts = codec.decode_event_messages([older, odd])
+    assert counts == [20, 3] and frame.equals(pl.concat([events.head(20), events.head(3)]))
