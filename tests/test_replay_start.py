@@ -43,3 +43,26 @@ def test_the_start_never_moves_back_and_jobless_events_hold_nothing():
 ])
 def test_metadata_round_trips_and_anything_else_means_replay_from_the_beginning(meta, want):
     assert decode_metadata(meta) == want
+
+
+def test_spans_noted_per_job_give_the_start_events_noted_one_by_one_give():
+    """The detector notes each batch summed up per job (:meth:`ReplayStart.note_spans`):
+    the same spans and start as noting every event."""
+    import random
+
+    rnd = random.Random(7)
+    one, summed = ReplayStart(), ReplayStart()
+    for _ in range(50):
+        jobs = [rnd.choice(["a", "b", "c", None]) for _ in range(20)]
+        offsets = [rnd.randrange(1000) for _ in range(20)]
+        one.note(jobs, offsets)
+        spans: dict = {}
+        for job, off in zip(jobs, offsets, strict=True):
+            lo, hi = spans.get(job, (off, off))
+            spans[job] = (min(lo, off), max(hi, off))
+        summed.note_spans((job, lo, hi) for job, (lo, hi) in spans.items())
+        if rnd.random() < 0.2:
+            gone = rnd.choice(["a", "b", "c"])
+            one.release([gone])
+            summed.release([gone])
+        assert one.live == summed.live and one.start(1000) == summed.start(1000)

@@ -59,6 +59,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import polars as pl
 from kafka import TopicPartition
 from kafka.consumer.fetcher import ConsumerRecord
 from kafka.errors import IllegalStateError, KafkaError
@@ -234,10 +235,15 @@ class DetectorMember:
             self.stats.bad_messages += 1
             self.metrics.count_skipped("bad_message")
             self.on_message(f"{tp.topic} partition {tp.partition} offset {records[i].offset}: skipped: {e}")
-        offsets = [r.offset for r, n in zip(records, counts, strict=True) for _ in range(n)]  # each event's message
-        self.stats.replayed += sum(1 for o in offsets if o < self.replay_until.get(tp, 0))
+        # each event's message offset, and each job's span of them: per batch, not per event
+        per_message = pl.DataFrame({"o": [r.offset for r in records], "n": counts},
+                                   schema={"o": pl.Int64, "n": pl.Int64}).filter(pl.col("n") > 0)
+        offsets = per_message.select(pl.col("o").repeat_by("n")).explode("o")["o"]
+        self.stats.replayed += int((offsets < self.replay_until.get(tp, 0)).sum())
         self.stats.events += events.height
-        self.replay_starts[tp].note(events["job"].to_list(), offsets)
+        spans = (pl.DataFrame({"job": events["job"], "o": offsets}).group_by("job")
+                 .agg(pl.col("o").min().alias("first"), pl.col("o").max().alias("last")))
+        self.replay_starts[tp].note_spans(spans.iter_rows())
         self.detectors[tp].process_frame(events, now=now)
         self.position[tp] = records[-1].offset + 1
         self._fed_ms[tp] = records[-1].timestamp

@@ -60,6 +60,18 @@ class ReplayStart:
             elif off < span.first:
                 span.first = off
 
+    def note_spans(self, spans: Iterable[tuple[str | None, int, int]]) -> None:
+        """:meth:`note` for events summed up per job: ``(job, lowest offset, highest offset)``
+        of its events fed (None: no job)."""
+        for job, first, last in spans:
+            if job is None:
+                continue
+            span = self.live.get(job)
+            if span is None:
+                self.live[job] = _Span(first, last)
+            else:
+                span.first, span.last = min(span.first, first), max(span.last, last)
+
     def release(self, jobs: Iterable[str]) -> None:
         """The detector released ``jobs``: they stop holding the start back, unless their
         events span it."""
