@@ -834,9 +834,9 @@ def _literal_masks(lines: pl.Series, literals: list[str]) -> dict[str, pl.Series
              .select("_r", pl.col("line").str.extract_many(literals, overlapping=True).alias("_lit"))
              .explode("_lit").drop_nulls("_lit").unique(["_r", "_lit"]))
     out: dict[str, pl.Series] = {}
-    blank = pl.Series("m", [False] * len(lines), dtype=pl.Boolean)
     for (lit,), rows in found.partition_by("_lit", as_dict=True).items():
-        out[str(lit)] = blank.scatter(rows["_r"], True)
+        # a new Series each: scatter writes into the Series it is called on
+        out[str(lit)] = pl.Series("m", [False] * len(lines), dtype=pl.Boolean).scatter(rows["_r"], True)
     return out
 
 
