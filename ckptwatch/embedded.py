@@ -60,6 +60,9 @@ class EmbeddedRunner:
         # standard error without one): a cycle then takes as long, and loses nothing
         self.store = Store(db_path, say=on_warning)
         self.alerter = alerter(self.store, self.metrics) if alerter else None
+        # run --once: the latest version of each changed incident, told to the alerter at the
+        # end (None: told as stored)
+        self._deferred: dict[str, Incident] | None = None
         self.detector = Detector(self.options.detector)
         self._warned: set[str] = set()  # label warnings said already (each once per run)
         self._stored = {sid: SourceCheckpoint(sid, file or "", off, job, head or "")
@@ -128,8 +131,7 @@ class EmbeddedRunner:
         if changed:
             with self.store.transaction():
                 self.store.upsert_incidents(changed)
-                if self.alerter:
-                    self.alerter.notify(changed)
+                self._notify(changed)
             for inc in changed:
                 self.on_incident(inc)
         self.stats.duplicate_events = self.detector.stats.duplicates
@@ -149,11 +151,20 @@ class EmbeddedRunner:
         seconds before returning; what is still failing stays queued for the next run.
         The caller owns the store and closes it (:meth:`close`)."""
         if once:
-            self.cycle(final=True, conclude=True)
-            while self.watcher.backlog:  # a backlog streams: each chunk is stored and judged before the next
+            # alerts wait for the end, each incident as it ends: one judged again, or withdrawn
+            # by a later line, pages once with its last version (or not at all)
+            self._deferred = {}
+            try:
                 self.cycle(final=True, conclude=True)
-            if self.detector.stats.after_conclusion:
-                self._judge_again()
+                while self.watcher.backlog:  # a backlog streams: each chunk is stored and judged before the next
+                    self.cycle(final=True, conclude=True)
+                if self.detector.stats.after_conclusion:
+                    self._judge_again()
+            finally:
+                deferred, self._deferred = self._deferred, None
+            if self.alerter and deferred:
+                with self.store.transaction():
+                    self.alerter.notify(deferred.values())
             if self.alerter:
                 self.alerter.drain(drain)
             return
@@ -175,12 +186,21 @@ class EmbeddedRunner:
         if changed:
             with self.store.transaction():
                 self.store.upsert_incidents(changed)
-                if self.alerter:
-                    self.alerter.notify(changed)
+                self._notify(changed)
             for inc in changed:
                 self.on_incident(inc)
         self.metrics.observe_incidents(changed)
         self.stats.note("judged_again_unconcluded", late)
+
+    def _notify(self, changed: list[Incident]) -> None:
+        """Queue alerts for ``changed`` (inside the transaction that stores them), or keep
+        their latest versions for the end of ``run --once``."""
+        if self.alerter is None:
+            return
+        if self._deferred is None:
+            self.alerter.notify(changed)
+        else:
+            self._deferred.update((inc.id, inc) for inc in changed)
 
     def _step(self) -> int:
         """One cycle; returns the number of lines it read plus the alert deliveries done or

@@ -88,3 +88,45 @@ def test_lines_that_reach_a_concluded_job_make_run_once_judge_again(tmp_path, mo
         ("interrupted_save", "a-victim", 300, "open", "oom_kill", 2)]
     assert found == kept
     assert runner.stats.notes["judged_again_unconcluded"] > 0
+
+
+def test_run_once_pages_an_incident_once_as_it_ends_not_as_first_judged(tmp_path):
+    """A job concluded, its save judged interrupted; then a line filed under a later job
+    shows that save finished on the rank. Judged again, the incident is withdrawn; alerts
+    wait for the end of ``run --once``, so nothing is paged for it (a page and its
+    withdrawal before)."""
+    import io
+    import json
+
+    from rich.console import Console
+
+    from ckptwatch.config import AlertSettings
+    from ckptwatch.sinks.alerts.setup import alerter_from_config
+
+    logs = tmp_path / "logs"
+    for rank in range(4):
+        _rank_file(logs / "a-victim" / "h-1" / f"rank{rank}.log", 300, killed_at=300 if rank == 2 else None)
+    (logs / "a-victim" / "h-1" / "console.log").write_text(
+        "E1130 10:05:01.456000 1234 torch/distributed/elastic/multiprocessing/api.py:869] failed (exitcode: -9) "
+        "local_rank: 2 (pid: 5002) of binary: /usr/bin/python3\n")
+    for rank in range(4):
+        _rank_file(logs / "z-next" / "h-1" / f"rank{rank}.log", 200)
+    (logs / "z-next" / "h-1" / "zz.log").write_text(json.dumps(
+        {"time": "2026-11-30T10:05:00.500Z", "job": "a-victim", "rank": 2,
+         "msg": "successfully saved checkpoint from iteration      300 to /ckpt/it_300"}) + "\n")
+    options = PipelineOptions(template=compile_template("{job}/{host}/*"), poll_bytes=8 << 10)
+    assert diagnose([str(logs)], options)[0] == []
+    db = str(tmp_path / "x.duckdb")
+    out = io.StringIO()
+    runner = EmbeddedRunner(str(logs), db, options, alerter=lambda store, metrics: alerter_from_config(
+        AlertSettings(), store, db_path=db, console=Console(file=out, width=200)))
+    try:
+        runner.run(once=True, drain=10)
+        rows = runner.store.con.execute(
+            "SELECT kind, job, step, status, checkpoint_state->>'withdrawn' IS NOT NULL FROM incidents").fetchall()
+        alerts = runner.store.con.execute("SELECT action, status FROM alerts").fetchall()
+    finally:
+        runner.close()
+    assert runner.stats.notes["judged_again_unconcluded"] > 0
+    assert rows == [("interrupted_save", "a-victim", 300, "superseded", True)]
+    assert alerts == [] and out.getvalue() == ""
