@@ -13,7 +13,7 @@ path carries >= 100,000 events/s from collectors to detectors").
 3. The detector's half: a consumer of the events topic polls every message and decodes it
    (:func:`~ckptwatch.kafka.codec.decode_events`) into frames.
 4. Both for each events format (``kafka.events_format``): ``ndjson`` (gzip by Kafka, the
-   baseline) and ``arrow`` (LZ4 Arrow IPC, no Kafka compression), same events, same broker.
+   baseline) and ``arrow`` (LZ4 or zstd Arrow IPC, no Kafka compression), same events, same broker.
 5. Two consumer processes in one group (``wait_for_members``: both hold partitions before
    the events are published) read one Arrow publication: each one's share and rate.
 6. ``--detect``: Arrow again, the consumer doing a detector's work on every frame it decodes

@@ -11,7 +11,7 @@ File layout (every key optional; see ``examples/ckptwatch.toml``)::
     partitions = 6                         # used when a topic is created
     replication_factor = 1
     compression = "gzip"                   # gzip | none (lz4/snappy/zstd need their python codecs)
-    events_format = "arrow"                # arrow (LZ4 Arrow IPC batches) | ndjson (kcat-readable)
+    events_format = "arrow"                # arrow (LZ4 / zstd Arrow IPC batches) | ndjson (kcat-readable)
     connect_hint_after = 15.0              # s without a broker at start before a hint on checking the address
     connect_timeout = 60.0                 # s without a broker at start before giving up (exit 2);
                                            # --once gives up at connect_hint_after

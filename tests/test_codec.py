@@ -155,3 +155,24 @@ def test_a_run_of_arrow_messages_decodes_as_one_frame_zstd_written_ones_too(copy
     odd = codec.encode_event_batches(foreign, [b"j"] * 3)[0][1]
     frame, counts = codec.decode_event_messages([older, odd])
     assert counts == [20, 3] and frame.equals(pl.concat([events.head(20), events.head(3)]))
+
+
+def test_small_batches_are_lz4_and_large_ones_zstd(copy_scenario):
+    """A live collector's small batches decode fastest with LZ4; a backlog's large ones
+    travel in half the bytes with zstd (see the module docstring). Each compressed buffer
+    is a frame of its codec, which starts with the codec's magic number."""
+    from ckptwatch.ingest.watcher import SourceWatcher
+    from ckptwatch.pipeline import extract_events
+    from ckptwatch.rules import RuleSet
+
+    lz4_frame, zstd_frame = b"\x04\x22\x4d\x18", b"\x28\xb5\x2f\xfd"  # LZ4 frame format; RFC 8878
+    w = SourceWatcher([str(copy_scenario("02-sigkill-mid-save"))])
+    events = extract_events(RuleSet.load(()), w.poll(final=True), w.stats)
+    w.close()
+    small, large = events.head(20), events
+    assert small.to_arrow().nbytes < codec.ZSTD_FROM_BYTES <= large.to_arrow().nbytes
+    ((_, value),) = codec.encode_event_batches(small, [b"j"] * small.height)
+    assert value.count(lz4_frame) > 10 and zstd_frame not in value
+    ((_, value),) = codec.encode_event_batches(large, [b"j"] * large.height, max_bytes=1 << 30)
+    assert value.count(zstd_frame) > 10 and lz4_frame not in value
+    assert codec.decode_events([value]).equals(large)

@@ -5,11 +5,13 @@
 
   - ``arrow`` (the default): an Apache Arrow IPC stream (the Arrow columnar format's
     "IPC streaming format": schema message, record batches, end-of-stream marker) of
-    EVENT_SCHEMA rows, ``ts`` a UTC timestamp, its buffers compressed with LZ4 (LZ4_FRAME,
-    Arrow's own IPC body compression; earlier versions wrote zstd, read alike). LZ4 because
-    a collector's batches are small (a job's events of one poll: tens of rows), and there
-    zstd's fixed cost per buffer dominated a detector's time: 16 us an event to decode at 27
-    rows against 6 with LZ4, for 204 bytes an event against 254 (the corpus's events). Read it with any Arrow library, e.g.
+    EVENT_SCHEMA rows, ``ts`` a UTC timestamp, its buffers compressed (Arrow's own IPC body
+    compression): with zstd from :data:`ZSTD_FROM_BYTES` of buffers, with LZ4 (LZ4_FRAME)
+    below. A live collector's batches are small (a job's events of one poll: tens of
+    rows), and there zstd's fixed cost per buffer dominated a detector's time: 16 us an
+    event to decode at 27 rows against 6 with LZ4, for 204 bytes an event against 254 (the
+    corpus's events); a backlog's batches are large, and there zstd's half the bytes
+    (50 an event against 102 at 400 rows) is worth more than its decoding. Read it with any Arrow library, e.g.
     ``pyarrow.ipc.open_stream(value).read_all()``. A batch's rows are encoded, decoded and
     compressed column by column in C++, with no work per event in Python: what lets one
     collector carry 100,000 events/s (``benchmarks/kafka_transport.py``).
@@ -58,7 +60,10 @@ EVENT_FORMATS = ("arrow", "ndjson")
 #: an Arrow IPC stream's first message starts with the continuation marker 0xFFFFFFFF (Arrow
 #: columnar format, "Encapsulated message format"); a JSON event starts with ``{``
 _ARROW_MARK = b"\xff\xff\xff\xff"
-_ARROW_OPTIONS = ipc.IpcWriteOptions(compression="lz4")
+_ARROW_ZSTD = ipc.IpcWriteOptions(compression="zstd")
+_ARROW_LZ4 = ipc.IpcWriteOptions(compression="lz4")
+#: an Arrow events batch of this many bytes of buffers or more is compressed with zstd, a smaller one with LZ4
+ZSTD_FROM_BYTES = 128 << 10
 #: rows of one Arrow events message at most (then split further until under the byte bound)
 MAX_BATCH_ROWS = 4096
 
@@ -137,7 +142,8 @@ def _arrow_values(table: pa.Table, max_bytes: int) -> list[bytes]:
     """``table`` as Arrow IPC stream values of at most ``max_bytes`` each (halved until so;
     one row alone may be larger)."""
     sink = pa.BufferOutputStream()
-    with ipc.new_stream(sink, table.schema, options=_ARROW_OPTIONS) as writer:
+    options = _ARROW_ZSTD if table.nbytes >= ZSTD_FROM_BYTES else _ARROW_LZ4
+    with ipc.new_stream(sink, table.schema, options=options) as writer:
         writer.write_table(table)
     value = sink.getvalue().to_pybytes()
     if len(value) <= max_bytes or table.num_rows == 1:
@@ -232,7 +238,7 @@ def _checked_events(table: pa.Table, what: str) -> pl.DataFrame:
     ``what``) when it lacks a column, a column does not cast, or an event has no kind,
     source_id or ts."""
     try:
-        frame = pl.from_arrow(table)
+        frame = pl.from_arrow(table, rechunk=False)  # a run of messages is many chunks: no copy into one
     except (pa.ArrowException, ValueError) as e:
         raise DecodeError(f"not a ckptwatch events batch ({what}): {e}") from None
     assert isinstance(frame, pl.DataFrame)
