@@ -117,8 +117,8 @@ class EmbeddedRunner:
         changed = self.detector.advance(final=done, now=now)
         if conclude and final:
             read = self.watcher.jobs_read()
-            if read:
-                changed += self.detector.conclude(read, now=now)
+            if read:  # an incident changed by both passes is stored, told and shown once, as it ends
+                changed = list({inc.id: inc for inc in changed + self.detector.conclude(read, now=now)}.values())
             position = self.watcher.read_position()
             if position is not None:
                 self.detector.retire_saves(position)

@@ -10,9 +10,9 @@
     below. A live collector's batches are small (a job's events of one poll: tens of
     rows), and there zstd's fixed cost per buffer dominated a detector's time: 16 us an
     event to decode at 27 rows against 6 with LZ4, for 204 bytes an event against 254 (the
-    corpus's events); a backlog's batches are large, and there zstd's half the bytes
-    (50 an event against 102 at 400 rows) is worth more than its decoding. Read it with any Arrow library, e.g.
-    ``pyarrow.ipc.open_stream(value).read_all()``. A batch's rows are encoded, decoded and
+    corpus's events); a backlog's batches are large, and there zstd's half the bytes (50
+    an event against 102 at 400 rows) is worth more than its decoding. Read it with any
+    Arrow library, e.g. ``pyarrow.ipc.open_stream(value).read_all()``. A batch's rows are encoded, decoded and
     compressed column by column in C++, with no work per event in Python: what lets one
     collector carry 100,000 events/s (``benchmarks/kafka_transport.py``).
   - ``ndjson``: newline-delimited JSON, one EVENT_SCHEMA row per line as a JSON object,
