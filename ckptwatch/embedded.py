@@ -63,7 +63,6 @@ class EmbeddedRunner:
         # run --once: the latest version of each changed incident, told to the alerter at the
         # end (None: told as stored)
         self._deferred: dict[str, Incident] | None = None
-        self.detector = Detector(self.options.detector)
         self._warned: set[str] = set()  # label warnings said already (each once per run)
         self._stored = {sid: SourceCheckpoint(sid, file or "", off, job, head or "")
                         for sid, file, off, job, head in self.store.sources()}
@@ -76,12 +75,20 @@ class EmbeddedRunner:
         self.stats = self.watcher.stats
         self.retention = retention
         self._retention_due: dt.datetime | None = None
+        self.detector = self._restored_detector()
+
+    def _restored_detector(self) -> Detector:
+        """A detector rebuilt from the store: its tombstones and checkpoint registry, the live
+        jobs' events replayed (bounded by them, not by history), and the open incidents
+        adopted (still its to withdraw or resolve when late lines come)."""
+        detector = Detector(self.options.detector)
         released, registry = self.store.released()
-        self.detector.restore(released, registry)
-        stored = self.store.events_to_replay()  # the live jobs' events only: bounded by them, not by history
+        detector.restore(released, registry)
+        stored = self.store.events_to_replay()
         if not stored.is_empty():
-            self.detector.process_frame(stored)
-        self.detector.adopt(self.store.open_incidents())  # still its to withdraw or resolve (late lines)
+            detector.process_frame(stored)
+        detector.adopt(self.store.open_incidents())
+        return detector
 
     def cycle(self, *, final: bool = False, now: dt.datetime | None = None, conclude: bool = False) -> list[Incident]:
         """One pass: read (a chunk of each file), match, store, detect. Returns the
@@ -128,12 +135,7 @@ class EmbeddedRunner:
         if self.retention is not None and (self._retention_due is None or now >= self._retention_due):
             self.store.delete_events_before(now - self.retention)
             self._retention_due = now + dt.timedelta(hours=1)
-        if changed:
-            with self.store.transaction():
-                self.store.upsert_incidents(changed)
-                self._notify(changed)
-            for inc in changed:
-                self.on_incident(inc)
+        self._store_changed(changed)
         self.stats.duplicate_events = self.detector.stats.duplicates
         for key, msg in self.stats.label_warning_items().items():
             if key not in self._warned:
@@ -176,21 +178,22 @@ class EmbeddedRunner:
         nothing, as :func:`ckptwatch.pipeline.diagnose` reads again, and store what changed.
         Memory then holds every job's events, as before conclusion."""
         late = self.detector.stats.after_conclusion
-        self.detector = Detector(self.options.detector)
-        released, registry = self.store.released()
-        self.detector.restore(released, registry)
-        self.detector.process_frame(self.store.events_to_replay())
-        self.detector.adopt(self.store.open_incidents())
+        self.detector = self._restored_detector()
         self.detector.adopt_unlabelled()
         changed = self.detector.advance(final=True)
-        if changed:
-            with self.store.transaction():
-                self.store.upsert_incidents(changed)
-                self._notify(changed)
-            for inc in changed:
-                self.on_incident(inc)
+        self._store_changed(changed)
         self.metrics.observe_incidents(changed)
         self.stats.note("judged_again_unconcluded", late)
+
+    def _store_changed(self, changed: list[Incident]) -> None:
+        """Store ``changed`` incidents and queue their alerts in one transaction, then show them."""
+        if not changed:
+            return
+        with self.store.transaction():
+            self.store.upsert_incidents(changed)
+            self._notify(changed)
+        for inc in changed:
+            self.on_incident(inc)
 
     def _notify(self, changed: list[Incident]) -> None:
         """Queue alerts for ``changed`` (inside the transaction that stores them), or keep

@@ -106,8 +106,9 @@ def _rank_file(path, steps, *, killed_at=None, job_field=None):
     path.write_text("\n".join(out) + "\n")
 
 
-def test_a_kernel_log_filed_under_a_later_job_is_read_again_into_the_job_it_concerns(tmp_path, monkeypatch):
-    logs = tmp_path / "logs"
+def victim_then_next(logs) -> None:
+    """Job ``a-victim`` (4 ranks; rank 2 killed, SIGKILL per its agent, in the save of step
+    300), then job ``z-next`` (4 ranks, clean), both on host ``h-1``, read in that order."""
     for rank in range(4):
         _rank_file(logs / "a-victim" / "h-1" / f"rank{rank}.log", 300, killed_at=300 if rank == 2 else None)
     (logs / "a-victim" / "h-1" / "console.log").write_text(
@@ -115,11 +116,21 @@ def test_a_kernel_log_filed_under_a_later_job_is_read_again_into_the_job_it_conc
         "local_rank: 2 (pid: 5002) of binary: /usr/bin/python3\n")
     for rank in range(4):
         _rank_file(logs / "z-next" / "h-1" / f"rank{rank}.log", 200)
-    # the node's syslog, collected with the later job's logs: the OOM kill of a-victim's rank 2
+
+
+def kernel_log_under_the_later_job(logs) -> None:
+    """:func:`victim_then_next`, and the node's syslog collected with the later job's logs:
+    the OOM kill of a-victim's rank 2, read after a-victim was concluded."""
+    victim_then_next(logs)
     (logs / "z-next" / "h-1" / "syslog").write_text(
         "2026-11-30T10:05:00.300000+00:00 h-1 kernel: [12345.678901] Out of memory: Killed process 5002 (python3) "
         "total-vm:98765432kB, anon-rss:61234567kB, file-rss:102400kB, shmem-rss:8192kB, UID:0 pgtables:130000kB "
         "oom_score_adj:0\n")
+
+
+def test_a_kernel_log_filed_under_a_later_job_is_read_again_into_the_job_it_concerns(tmp_path, monkeypatch):
+    logs = tmp_path / "logs"
+    kernel_log_under_the_later_job(logs)
     options = PipelineOptions(template=compile_template("{job}/{host}/*"), poll_bytes=8 << 10)
     kept, _, _ = run([str(logs)], options, monkeypatch, concluding=False)
     found, _, _ = run([str(logs)], options, monkeypatch, concluding=True)

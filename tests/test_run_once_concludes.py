@@ -5,7 +5,7 @@ the run judge every stored event again."""
 
 from __future__ import annotations
 
-from test_conclude import _rank_file
+from test_conclude import kernel_log_under_the_later_job, victim_then_next
 
 from ckptwatch.detectors.runner import Detector
 from ckptwatch.embedded import EmbeddedRunner
@@ -68,19 +68,7 @@ def test_a_fleet_stored_job_by_job_holds_few_jobs_and_stores_the_same_incidents(
 
 def test_lines_that_reach_a_concluded_job_make_run_once_judge_again(tmp_path, monkeypatch):
     logs = tmp_path / "logs"
-    for rank in range(4):
-        _rank_file(logs / "a-victim" / "h-1" / f"rank{rank}.log", 300, killed_at=300 if rank == 2 else None)
-    (logs / "a-victim" / "h-1" / "console.log").write_text(
-        "E1130 10:05:01.456000 1234 torch/distributed/elastic/multiprocessing/api.py:869] failed (exitcode: -9) "
-        "local_rank: 2 (pid: 5002) of binary: /usr/bin/python3\n")
-    for rank in range(4):
-        _rank_file(logs / "z-next" / "h-1" / f"rank{rank}.log", 200)
-    # the node's syslog, filed with the later job's logs: the OOM kill of a-victim's rank 2,
-    # read after a-victim was concluded
-    (logs / "z-next" / "h-1" / "syslog").write_text(
-        "2026-11-30T10:05:00.300000+00:00 h-1 kernel: [12345.678901] Out of memory: Killed process 5002 (python3) "
-        "total-vm:98765432kB, anon-rss:61234567kB, file-rss:102400kB, shmem-rss:8192kB, UID:0 pgtables:130000kB "
-        "oom_score_adj:0\n")
+    kernel_log_under_the_later_job(logs)
     options = PipelineOptions(template=compile_template("{job}/{host}/*"), poll_bytes=8 << 10)
     kept, _, _ = run_once(logs, tmp_path / "kept.duckdb", options, monkeypatch, concluding=False)
     found, _, runner = run_once(logs, tmp_path / "found.duckdb", options, monkeypatch, concluding=True)
@@ -104,13 +92,7 @@ def test_run_once_pages_an_incident_once_as_it_ends_not_as_first_judged(tmp_path
     from ckptwatch.sinks.alerts.setup import alerter_from_config
 
     logs = tmp_path / "logs"
-    for rank in range(4):
-        _rank_file(logs / "a-victim" / "h-1" / f"rank{rank}.log", 300, killed_at=300 if rank == 2 else None)
-    (logs / "a-victim" / "h-1" / "console.log").write_text(
-        "E1130 10:05:01.456000 1234 torch/distributed/elastic/multiprocessing/api.py:869] failed (exitcode: -9) "
-        "local_rank: 2 (pid: 5002) of binary: /usr/bin/python3\n")
-    for rank in range(4):
-        _rank_file(logs / "z-next" / "h-1" / f"rank{rank}.log", 200)
+    victim_then_next(logs)
     (logs / "z-next" / "h-1" / "zz.log").write_text(json.dumps(
         {"time": "2026-11-30T10:05:00.500Z", "job": "a-victim", "rank": 2,
          "msg": "successfully saved checkpoint from iteration      300 to /ckpt/it_300"}) + "\n")

@@ -836,7 +836,7 @@ def _literal_masks(lines: pl.Series, literals: list[str]) -> dict[str, pl.Series
     out: dict[str, pl.Series] = {}
     for (lit,), rows in found.partition_by("_lit", as_dict=True).items():
         # a new Series each: scatter writes into the Series it is called on
-        out[str(lit)] = pl.Series("m", [False] * len(lines), dtype=pl.Boolean).scatter(rows["_r"], True)
+        out[str(lit)] = pl.repeat(False, len(lines), dtype=pl.Boolean, eager=True).scatter(rows["_r"], True)
     return out
 
 
