@@ -185,8 +185,12 @@ def _with_held(reads: Sequence[Read], new: pl.DataFrame) -> pl.DataFrame:
     held = [(i, r.tail.held) for i, r in enumerate(reads) if not r.tail.held.is_empty()]
     if not held:
         return new
-    old = pl.concat([h for _, h in held], how="diagonal_relaxed").with_columns(
-        pl.Series("_t", [i for i, h in held for _ in range(h.height)], dtype=pl.Int32))
+    frames = [h for _, h in held]
+    try:  # one schema (most polls): a vertical concat, 10x the diagonal one over 10,000 files
+        old = pl.concat(frames, how="vertical", rechunk=False)
+    except (pl.exceptions.SchemaError, pl.exceptions.ShapeError, pl.exceptions.ColumnNotFoundError):
+        old = pl.concat(frames, how="diagonal_relaxed")
+    old = old.with_columns(pl.Series("_t", [i for i, h in held for _ in range(h.height)], dtype=pl.Int32))
     return pl.concat([old, new], how="diagonal_relaxed")
 
 
@@ -201,10 +205,12 @@ def records_of(tails: Sequence[FileTail], lines: pl.DataFrame, flush: Sequence[b
     keep = [c for c in held.columns if c not in ("_t", "_flush")]
     # held lines outlive the poll: copied out of its buffers (a few lines of an idle file
     # would otherwise keep the whole poll's text, see ckptwatch.frames.detached)
-    by_file = detached(held).partition_by("_t", as_dict=True, include_key=False) if held.height else {}
+    # (one partition in Rust, then no per-file polars call: 10,000 files' ``select`` took 1.2 s)
+    by_file = (detached(held.select(["_t", *keep])).partition_by("_t", as_dict=True, include_key=False)
+               if held.height else {})
+    nothing = pl.DataFrame()
     for i, tail in enumerate(tails):
-        part = by_file.get((i,))
-        tail.held = part.select(keep) if part is not None else pl.DataFrame()
+        tail.held = by_file.get((i,), nothing)
     if records.is_empty():
         return pl.DataFrame(schema=RECORD_SCHEMA)
     records = records.drop("_flush").join(info, on="_t", how="left", maintain_order="left")

@@ -344,7 +344,8 @@ class FileTail:
                      and (now - self._last_growth).total_seconds() >= self.flush_after)
             if final or size > self.offset:
                 res = reader.read_lines(self._file, self.offset, final=final or quiet,
-                                        max_line_bytes=self.max_line_bytes, chunk_bytes=self.chunk_bytes)
+                                        max_line_bytes=self.max_line_bytes, chunk_bytes=self.chunk_bytes,
+                                        size_hint=size if not isinstance(self._file, gzip.GzipFile) else None)
             else:
                 res = reader.ReadResult(next_offset=self.offset)
             self.more = res.next_offset < size
