@@ -64,7 +64,7 @@ def test_diagnose_with_a_small_poll_budget_finds_the_same_incidents():
 def test_an_idle_file_keeps_its_held_record_until_it_is_due(tmp_path):
     p = tmp_path / "rank0.log"
     p.write_text("2026-11-30 10:00:00,000 INFO a\n2026-11-30 10:00:01,000 INFO b\n")
-    t = FileTail(str(p), flush_after=5.0)
+    t = FileTail(str(p), flush_after=5.0, settle_after=5.0)  # (a record that cannot go on waits settle_after)
     assert t.poll(ingest_ts=T0)["line"].to_list() == ["2026-11-30 10:00:00,000 INFO a"]  # b held: it may go on
     assert t.poll(ingest_ts=T0 + dt.timedelta(seconds=1)).is_empty()  # unchanged, not due: nothing
     assert t.held.height == 1

@@ -45,7 +45,8 @@ class Read:
     to be put after the file's held-back lines, or ``block`` (the same as a frame:
     ``offset``, ``line``; a read split in bulk, see :mod:`ckptwatch.ingest.reader`);
     ``flush``: emit the last record of each stream too (the file ended, or was idle
-    ``flush_after``); ``mtime``: the file's mtime (UTC); ``emitted``: records already made
+    ``flush_after``); ``settled``: the file went quiet for ``settle_after``: emit the last
+    record of each stream unless it may go on (:func:`.multiline.may_go_on`); ``mtime``: the file's mtime (UTC); ``emitted``: records already made
     during the read (the held-back lines of a generation the file's truncation ended)."""
 
     tail: FileTail
@@ -54,6 +55,7 @@ class Read:
     mtime: dt.datetime
     emitted: list[pl.DataFrame] = field(default_factory=list)
     block: pl.DataFrame | None = None
+    settled: bool = False
 
     @property
     def count(self) -> int:
@@ -75,7 +77,7 @@ def emit(reads: Sequence[Read], *, now: dt.datetime) -> pl.DataFrame:
     if active:
         lines = _with_held(active, _split(active))
         frames.append(records_of([r.tail for r in active], lines, [r.flush for r in active],
-                                 [r.mtime for r in active], now=now))
+                                 [r.mtime for r in active], now=now, settled=[r.settled for r in active]))
     frames = [f for f in frames if not f.is_empty()]
     return pl.concat(frames) if frames else pl.DataFrame(schema=RECORD_SCHEMA)
 
@@ -195,14 +197,16 @@ def _with_held(reads: Sequence[Read], new: pl.DataFrame) -> pl.DataFrame:
 
 
 def records_of(tails: Sequence[FileTail], lines: pl.DataFrame, flush: Sequence[bool],
-               mtimes: Sequence[dt.datetime], *, now: dt.datetime) -> pl.DataFrame:
+               mtimes: Sequence[dt.datetime], *, now: dt.datetime,
+               settled: Sequence[bool] | None = None) -> pl.DataFrame:
     """Group ``lines`` (split lines with ``_t``: an index into ``tails``; a file's
     held-back lines first) into records, date and label them; sets each file's
-    ``held`` (and carries, job, counters)."""
-    info = _info(tails, flush, mtimes)
-    lines = lines.join(info.select("_t", "_flush"), on="_t", how="left", maintain_order="left")
-    records, held = multiline.group_lines(lines, final=all(flush), flush_col="_flush", order=("_t", "offset"))
-    keep = [c for c in held.columns if c not in ("_t", "_flush")]
+    ``held`` (and carries, job, counters). ``settled``: per file, see :attr:`Read.settled`."""
+    info = _info(tails, flush, mtimes, settled or [False] * len(tails))
+    lines = lines.join(info.select("_t", "_flush", "_settled"), on="_t", how="left", maintain_order="left")
+    records, held = multiline.group_lines(lines, final=all(flush), flush_col="_flush", settle_col="_settled",
+                                          order=("_t", "offset"))
+    keep = [c for c in held.columns if c not in ("_t", "_flush", "_settled")]
     # held lines outlive the poll: copied out of its buffers (a few lines of an idle file
     # would otherwise keep the whole poll's text, see ckptwatch.frames.detached)
     # (one partition in Rust, then no per-file polars call: 10,000 files' ``select`` took 1.2 s)
@@ -213,7 +217,7 @@ def records_of(tails: Sequence[FileTail], lines: pl.DataFrame, flush: Sequence[b
         tail.held = by_file.get((i,), nothing)
     if records.is_empty():
         return pl.DataFrame(schema=RECORD_SCHEMA)
-    records = records.drop("_flush").join(info, on="_t", how="left", maintain_order="left")
+    records = records.drop("_flush", "_settled").join(info.drop("_settled"), on="_t", how="left", maintain_order="left")
     boot_time = tails[0].boot_time
     carry = {k: v for t in tails for k, v in t.carry.items()}
     records = timestamps.add_event_time(records, carry=carry, boot_time=boot_time, now=now, mtime_col="_mtime",
@@ -258,12 +262,14 @@ def records_of(tails: Sequence[FileTail], lines: pl.DataFrame, flush: Sequence[b
     return out.drop("_t", "_named").cast(RECORD_SCHEMA)  # type: ignore[arg-type]
 
 
-def _info(tails: Sequence[FileTail], flush: Sequence[bool], mtimes: Sequence[dt.datetime]) -> pl.DataFrame:
+def _info(tails: Sequence[FileTail], flush: Sequence[bool], mtimes: Sequence[dt.datetime],
+          settled: Sequence[bool]) -> pl.DataFrame:
     """One row per file: its index ``_t``, settings, labels and the state the records need."""
     labs = [t.labels for t in tails]
     return pl.DataFrame({
         "_t": list(range(len(tails))),
         "_flush": list(flush),
+        "_settled": list(settled),
         "_sid": [t.source_id for t in tails],
         "_kind": [lab.source_kind for lab in labs],
         "_file": [t.path for t in tails],
@@ -277,7 +283,7 @@ def _info(tails: Sequence[FileTail], flush: Sequence[bool], mtimes: Sequence[dt.
         "_job": [t.job or t.family_job() for t in tails],
         "_fallback": [lab.fallback_job for lab in labs],
         "_fam": [id(t.family) for t in tails],  # the watcher's rotation families (a lone file: its own)
-    }, schema={"_t": pl.Int32, "_flush": pl.Boolean, "_sid": pl.Utf8, "_kind": pl.Utf8, "_file": pl.Utf8,
+    }, schema={"_t": pl.Int32, "_flush": pl.Boolean, "_settled": pl.Boolean, "_sid": pl.Utf8, "_kind": pl.Utf8, "_file": pl.Utf8,
                "_mtime": TS, "_fcarry": TS, "_lab_host": pl.Utf8, "_lab_rank": pl.Int32, "_lab_local": pl.Int32,
                "_labelled": pl.Boolean, "_job": pl.Utf8, "_fallback": pl.Utf8, "_fam": pl.Int64})
 

@@ -108,8 +108,23 @@ def unwrap(lines: pl.DataFrame, *, by: str | None = None, min_width: int = 60, m
 
 _FRAME = r"^[ \t]+File \""
 
+#: a last line after which the record may go on: indented (a traceback's frame, a torchrun
+#: failure's field), a traceback's header or a chained-exception separator, a line that
+#: ends with ":" (``Failures:``, ``Root Cause (first observed failure):``, ``[0]:``)
+_OPEN_ENDED = (r"^[ \t]|^Traceback \(most recent call last\)|^During handling of the above"
+               r"|^The above exception was|:\s*$")
+
+
+def may_go_on(line: pl.Expr) -> pl.Expr:
+    """Boolean expression: a record whose last line is ``line`` may still be continued by
+    the lines that follow it (see :data:`_OPEN_ENDED`); any record may be, in principle (an
+    indented line continues anything), but a writer prints the rest of a traceback or a
+    failure block at once, so only these wait out a file's full idle time."""
+    return line.str.contains(_OPEN_ENDED)
+
 
 def group_lines(lines: pl.DataFrame, *, final: bool, flush_col: str | None = None,
+                settle_col: str | None = None,
                 order: tuple[str, ...] = ("offset",)) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Group lines into records.
 
@@ -121,6 +136,8 @@ def group_lines(lines: pl.DataFrame, *, final: bool, flush_col: str | None = Non
             held back because its next line may continue it.
         flush_col: a Boolean column: its rows' streams hold nothing back (their file
             ended or went idle), whatever ``final`` says.
+        settle_col: a Boolean column: its rows' streams (their file went quiet for a
+            moment) hold their last record back only if it may go on (:func:`may_go_on`).
         order: the columns the records are sorted by (``("_t", "offset")`` for the
             lines of many files).
 
@@ -159,6 +176,8 @@ def group_lines(lines: pl.DataFrame, *, final: bool, flush_col: str | None = Non
         is_last = pl.col("_gid") == pl.col("_gid").max().over("stream_key")
         if flush_col is not None:
             is_last = is_last & ~pl.col(flush_col)
+        if settle_col is not None:  # the stream's last line (file order) tells if it may go on
+            is_last = is_last & ~(pl.col(settle_col) & ~may_go_on(line.last().over("stream_key")))
         held = marked.filter(is_last)
         marked = marked.filter(~is_last)
     other = [c for c in lines.columns if c not in ("stream_key", "line", "_gid", "_intruder")]

@@ -80,6 +80,12 @@ class FileTail:
         max_line_bytes: longer lines are skipped and counted (``line_too_long``).
         chunk_bytes: how much one poll reads at most (plus one huge line).
         flush_after: seconds without growth after which held-back records are emitted.
+        settle_after: seconds without growth, over at least two polls (the file unchanged
+            since the previous one), after which a held-back record is emitted unless it
+            may go on (a traceback's frame, a line ending in ``:``, see
+            :func:`~ckptwatch.ingest.multiline.may_go_on`): a rank that dies leaves its last
+            line in a file that never grows again, and that line is what an incident needs
+            first. Those that may go on wait ``flush_after``.
         job: the job learned from the file's lines before a restart.
         avoid_ids: source ids not to give this file (ids of dropped files, whose inode a
             new file may reuse).
@@ -96,6 +102,7 @@ class FileTail:
         max_line_bytes: int = reader.DEFAULT_MAX_LINE_BYTES,
         chunk_bytes: int = reader.DEFAULT_CHUNK_BYTES,
         flush_after: float = 2.0,
+        settle_after: float = 0.25,
         job: str | None = None,
         avoid_ids: Container[str] = frozenset(),
         line_prefix: str | None = None,
@@ -126,6 +133,7 @@ class FileTail:
         self.family: list[FileTail] = []
         self.stats = TailStats()
         self.flush_after = flush_after
+        self.settle_after = min(settle_after, flush_after)
         self.superseded: list[rotation.Superseded] = []  # truncated generations; the owner takes them
         self.more = False  # the last poll stopped before the end of what the file held (a backlog)
         self._avoid = avoid_ids
@@ -366,9 +374,10 @@ class FileTail:
             self.stats.skip(reason)
         if res.count or self._last_growth is None:
             self._last_growth = now
-        idle = (now - self._last_growth).total_seconds() >= self.flush_after
-        return batch.Read(self, res.pairs, flush=(final and not self.more) or idle, mtime=mtime, emitted=emitted,
-                          block=res.block)
+        idle_for = (now - self._last_growth).total_seconds()
+        settled = not res.count and seen == self._seen and seen_path == self.path and idle_for >= self.settle_after
+        return batch.Read(self, res.pairs, flush=(final and not self.more) or idle_for >= self.flush_after,
+                          mtime=mtime, emitted=emitted, block=res.block, settled=settled)
 
     def at_rest(self, path: str, sig: tuple[int, int]) -> bool:
         """True if a poll of this file would do nothing, judged from the ``(size, mtime_ns)``
@@ -384,7 +393,7 @@ class FileTail:
                        *, final: bool, now: dt.datetime) -> bool:
         """True if a poll would read and emit nothing: the file is unchanged since the last
         poll (same path, size and mtime), read to its end, and no held-back record is due
-        (none held, or the file has not been idle ``flush_after`` seconds and this is not a
+        (none held, or the file has not been idle ``settle_after`` seconds and this is not a
         final poll). Idle files then cost one ``fstat`` per poll, not a pass of the pipeline."""
         if self.source_id is None or seen != (st.st_size, st.st_mtime_ns) or seen_path != self.path:
             return False
@@ -392,7 +401,10 @@ class FileTail:
             return False
         if self.held.is_empty():
             return True
-        due = self._last_growth is not None and (now - self._last_growth).total_seconds() >= self.flush_after
+        idle_for = 0.0 if self._last_growth is None else (now - self._last_growth).total_seconds()
+        # a held record that may go on is read again at each poll from settle_after on, and
+        # stays held (batch.Read.settled) until flush_after: a few files, a few lines each
+        due = idle_for >= self.settle_after
         return not (final or due)
 
     def _size(self, st: os.stat_result) -> int:

@@ -87,6 +87,8 @@ class SourceWatcher:
         exclude: paths for which this returns True are not read (e.g. the output database).
         flush_after: seconds without growth after which a file's held-back records are
             emitted, and a file no watched path points at any more is dropped.
+        settle_after: seconds without growth (over two polls) after which a held-back
+            record that cannot go on is emitted (:class:`~.tail.FileTail`).
         forget_after_polls: polls for which checkpoints of sources not followed any more
             are kept (see the module docstring).
         archives: read ``.gz`` rotated logs found in directories too (one-shot reads).
@@ -103,7 +105,7 @@ class SourceWatcher:
 
     def __init__(self, paths: Sequence[str], *, template: re.Pattern[str] | None = None,
                  boot_time: dt.datetime | None = None, committed: Mapping[str, SourceCheckpoint] | None = None,
-                 exclude: Callable[[str], bool] | None = None, flush_after: float = 2.0,
+                 exclude: Callable[[str], bool] | None = None, flush_after: float = 2.0, settle_after: float = 0.25,
                  forget_after_polls: int = 5, archives: bool = False, line_prefix: str | None = None,
                  poll_bytes: int = DEFAULT_POLL_BYTES) -> None:
         self.paths = list(paths)
@@ -111,6 +113,7 @@ class SourceWatcher:
         self.boot_time = boot_time
         self.exclude = exclude or (lambda path: False)
         self.flush_after = flush_after
+        self.settle_after = settle_after
         self.forget_after_polls = forget_after_polls
         self.archives = archives
         self.line_prefix = line_prefix
@@ -393,6 +396,7 @@ class SourceWatcher:
 
     def _new_tail(self, path: str) -> FileTail:
         return FileTail(path, template=self.template, boot_time=self.boot_time, flush_after=self.flush_after,
+                        settle_after=self.settle_after,
                         line_prefix=self.line_prefix,
                         avoid_ids=self._retired)
 
