@@ -14,7 +14,8 @@
    written in its line. Also reported: the poll of an idle fleet (nothing written).
 
 Prints the figures next to the writer's rate: kept up means lines read = lines written and
-the lag does not grow over the run. Target (issue 15): 10,000 files at 100,000 lines/s,
+the lag does not grow over the run. ``--compare`` runs the same fleet again with inotify off
+(every poll lists and stats every file, as before issue 15's tenth session), interleaved. Target (issue 15): 10,000 files at 100,000 lines/s,
 lag p99 <= 2 s, start in seconds.
 """
 
@@ -90,7 +91,7 @@ def rss_mb() -> float:
 
 
 def measure(files: int, backlog: int, rate: float, seconds: float, interval: float = 0.5, *,
-            echo: bool = True) -> dict[str, float]:
+            echo: bool = True, watch_changes: bool = True) -> dict[str, float]:
     """Steps 1 and 2 of the module docstring for one fleet; returns the figures: ``start_s``,
     ``start_lines_per_s``, ``idle_poll_s``, ``written``, ``read``, ``lag_p50``/``lag_p99``/
     ``lag_max`` (seconds), ``poll_p50``/``poll_max`` (seconds), ``rss_mb``, ``lag_first_half``
@@ -100,7 +101,8 @@ def measure(files: int, backlog: int, rate: float, seconds: float, interval: flo
     try:
         paths = write_fleet(work / "logs", files, backlog)
         rules = RuleSet.load()
-        watcher = SourceWatcher([str(work / "logs")], template=compile_template("{job}/{host}/rank{rank}.log"))
+        watcher = SourceWatcher([str(work / "logs")], template=compile_template("{job}/{host}/rank{rank}.log"),
+                                watch_changes=watch_changes)
         t0 = time.perf_counter()
         events = 0
         while True:  # the start: every existing file read once
@@ -110,10 +112,13 @@ def measure(files: int, backlog: int, rate: float, seconds: float, interval: flo
         start = time.perf_counter() - t0
         say(f"start: {files:,} files x {backlog} lines read in {start:.1f} s "
             f"({files * backlog / start:,.0f} lines/s), {events:,} events, peak RSS {rss_mb():.0f} MB", flush=True)
-        t0 = time.perf_counter()
-        rules.apply(watcher.poll())
-        idle = time.perf_counter() - t0
-        say(f"idle poll (nothing written): {idle:.2f} s", flush=True)
+        idles = []
+        for _ in range(3):  # the first live poll lists everything once (it starts the inotify feed)
+            t0 = time.perf_counter()
+            rules.apply(watcher.poll())
+            idles.append(time.perf_counter() - t0)
+        idle = idles[-1]
+        say(f"idle poll (nothing written): {idle:.3f} s; polls find changes by {watcher.watching}", flush=True)
 
         (work / "paths.txt").write_text("\n".join(map(str, paths)))
         began = dt.datetime.now(dt.timezone.utc)  # the writer's lines are dated from now on (the backlog's are not)
@@ -122,7 +127,7 @@ def measure(files: int, backlog: int, rate: float, seconds: float, interval: flo
         lags: list[float] = []
         polls: list[float] = []
         read = 0
-        lines_before = watcher.stats.lines
+        lines_before, listings_before = watcher.stats.lines, watcher.listings
         quiet_since = None
         while True:
             t0 = time.perf_counter()
@@ -142,6 +147,7 @@ def measure(files: int, backlog: int, rate: float, seconds: float, interval: flo
                 time.sleep(max(0.0, interval - polls[-1]))
         written = int(writer.communicate()[0])
         lines_read = watcher.stats.lines - lines_before
+        listings = watcher.listings - listings_before
         watcher.close()
         ordered = list(lags)  # in arrival order: does the lag grow over the run?
         lags.sort()
@@ -151,7 +157,8 @@ def measure(files: int, backlog: int, rate: float, seconds: float, interval: flo
                 "written": written, "read": read, "lines_read": lines_read, "lag_p50": q[49], "lag_p99": q[98],
                 "lag_max": lags[-1] if lags else 0.0, "poll_p50": statistics.median(polls), "poll_max": max(polls),
                 "rss_mb": rss_mb(), "lag_first_half": statistics.median(ordered[:half] or [0]),
-                "lag_second_half": statistics.median(ordered[half:] or [0])}
+                "lag_second_half": statistics.median(ordered[half:] or [0]), "polls": len(polls),
+                "listings": listings}
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -163,17 +170,25 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=2000.0, help="lines/s written in total")
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--interval", type=float, default=0.5, help="seconds between polls when idle")
+    ap.add_argument("--compare", action="store_true", help="run again with inotify off (listing every poll)")
     a = ap.parse_args()
-    m = measure(a.files, a.backlog, a.rate, a.seconds, a.interval)
-    print(f"\n| {a.files:,} files, writer {a.rate:,.0f} lines/s for {a.seconds:.0f} s | |\n|---|---:|")
-    print(f"| lines written / read | {m['written']:,} / {m['lines_read']:,} |")
-    print(f"| events read | {m['read']:,} |")
-    print(f"| lag p50 / p99 / max, s | {m['lag_p50']:.2f} / {m['lag_p99']:.2f} / {m['lag_max']:.2f} |")
-    print(f"| poll + rules, s: p50 / max | {m['poll_p50']:.2f} / {m['poll_max']:.2f} |")
-    print(f"| peak RSS, MB | {m['rss_mb']:.0f} |")
-    if m["read"]:
-        print(f"\nkept up: {'yes' if m['written'] == m['read'] else 'no'} (median lag of the first half of the "
-              f"events {m['lag_first_half']:.2f} s, of the second half {m['lag_second_half']:.2f} s)")
+    modes = [True, False] if a.compare else [True]
+    runs = {mode: measure(a.files, a.backlog, a.rate, a.seconds, a.interval, watch_changes=mode) for mode in modes}
+    cols = " | ".join("inotify" if mode else "listing every poll" for mode in modes)
+    print(f"\n| {a.files:,} files, writer {a.rate:,.0f} lines/s for {a.seconds:.0f} s | {cols} |")
+    print("|---|" + "---:|" * len(modes))
+
+    def row(label: str, fmt) -> None:
+        print(f"| {label} | " + " | ".join(fmt(runs[mode]) for mode in modes) + " |")
+
+    row("start, s", lambda m: f"{m['start_s']:.1f}")
+    row("idle poll, s", lambda m: f"{m['idle_poll_s']:.3f}")
+    row("lines written / read", lambda m: f"{m['written']:,} / {m['lines_read']:,}")
+    row("lag p50 / p99 / max, s", lambda m: f"{m['lag_p50']:.2f} / {m['lag_p99']:.2f} / {m['lag_max']:.2f}")
+    row("poll + rules, s: p50 / max", lambda m: f"{m['poll_p50']:.2f} / {m['poll_max']:.2f}")
+    row("polls that listed / polls", lambda m: f"{m['listings']} / {m['polls']}")
+    row("lag median, first / second half, s", lambda m: f"{m['lag_first_half']:.2f} / {m['lag_second_half']:.2f}")
+    row("peak RSS, MB (the process's, so far)", lambda m: f"{m['rss_mb']:.0f}")
 
 
 if __name__ == "__main__":

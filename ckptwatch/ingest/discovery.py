@@ -36,23 +36,32 @@ class Found:
 ARCHIVE_SUFFIXES = (".gz",)
 
 
-def discover(paths: Iterable[str], *, archives: bool = False) -> list[Found]:
+def discover(paths: Iterable[str], *, archives: bool = False, dirs: list[str] | None = None) -> list[Found]:
     """Expand files, directories and glob patterns into the files to read, in a stable
     order; each file once (by real path). ``archives``: take compressed rotated logs
     (``train.log.1.gz``) found in directories too (one-shot reads: a live tail has read
     their lines before they were rotated and compressed); without it they are listed with
-    ``archive`` set, to be reported."""
+    ``archive`` set, to be reported. ``dirs``: appended with the directories whose entries
+    decide what is found (every directory walked; the directory of a file named directly or
+    matched by a pattern, and the pattern's directory before its first wildcard), for
+    :class:`~ckptwatch.ingest.notify.ChangeFeed` to watch."""
     skip = tuple(s for s in SKIP_SUFFIXES if not (archives and s in ARCHIVE_SUFFIXES))
     out: list[Found] = []
     seen: set[str] = set()
     for p in paths:
         if os.path.isfile(p):
             candidates = [p]
+            if dirs is not None:
+                dirs.append(os.path.dirname(p) or os.curdir)
         elif os.path.isdir(p):
             candidates = []
-            _walk(p, os.path.realpath(p), skip, candidates, out)
+            _walk(p, os.path.realpath(p), skip, candidates, out, dirs)
         elif any(c in p for c in "*?["):  # an existing path is taken literally, even with these
             candidates = [m for m in sorted(glob.glob(p, recursive=True)) if os.path.isfile(m)]
+            if dirs is not None:
+                root = p[:min(p.find(c) for c in "*?[" if c in p)]
+                dirs += [d for d in [os.path.dirname(root) or os.curdir] if os.path.isdir(d)]
+                dirs += [os.path.dirname(m) or os.curdir for m in candidates]
         elif os.path.exists(p):
             out.append(Found(p, "not a regular file or directory"))
             continue
@@ -67,7 +76,8 @@ def discover(paths: Iterable[str], *, archives: bool = False) -> list[Found]:
     return out
 
 
-def _walk(top: str, real: str, skip: tuple[str, ...], candidates: list, out: list[Found]) -> None:
+def _walk(top: str, real: str, skip: tuple[str, ...], candidates: list, out: list[Found],
+          dirs: list[str] | None = None) -> None:
     """Append ``(path, real path)`` of the files under directory ``top`` (real path ``real``)
     to ``candidates``, as ``os.walk`` would list them (sorted, a directory's files before its
     subdirectories', hidden names and symlinked directories left out), and archives and
@@ -79,6 +89,8 @@ def _walk(top: str, real: str, skip: tuple[str, ...], candidates: list, out: lis
     except OSError as e:
         out.append(Found(top, str(e.strerror)))
         return
+    if dirs is not None:
+        dirs.append(top)
     subdirs = []
     for e in entries:
         if e.name.startswith("."):
@@ -98,7 +110,7 @@ def _walk(top: str, real: str, skip: tuple[str, ...], candidates: list, out: lis
             continue
         candidates.append((e.path, os.path.realpath(e.path) if link else os.path.join(real, e.name)))
     for d in subdirs:
-        _walk(d.path, os.path.join(real, d.name), skip, candidates, out)
+        _walk(d.path, os.path.join(real, d.name), skip, candidates, out, dirs)
 
 
 def covers(paths: Iterable[str], path: str, *, archives: bool = False) -> bool:

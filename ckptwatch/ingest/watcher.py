@@ -4,7 +4,10 @@ Each :meth:`SourceWatcher.poll`:
 
 1. discovers the files now under the paths (:mod:`.discovery`: files, directories, glob
    patterns) and stats them. A file is known by ``(device, inode)``, so a file already
-   followed costs one ``stat`` per poll and no read when it did not change.
+   followed costs one ``stat`` per poll and no read when it did not change. Where inotify
+   works (:mod:`.notify`), a poll lists nothing unless a file was created, renamed or
+   deleted (or ``rescan_after`` passed), and stats only the files written to since the
+   last poll: a poll of 10,000 followed files costs what changed.
 2. on the first poll only, looks next to each checkpointed source for a file renamed,
    while nobody watched, to a rotated name the paths do not match (``train.log`` ->
    ``train.log.1``): it is followed from its committed offset, as in step 3. After step
@@ -63,7 +66,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import polars as pl
 
-from ckptwatch.ingest import batch, discovery, identity, layout, rotation, timestamps
+from ckptwatch.ingest import batch, discovery, identity, layout, notify, rotation, timestamps
 from ckptwatch.ingest.checkpoint import SourceCheckpoint
 from ckptwatch.ingest.stats import Stats
 from ckptwatch.ingest.tail import FileTail, InputError
@@ -97,6 +100,10 @@ class SourceWatcher:
             chunk of the file that crosses it): the files past it are read by the next poll
             (``backlog`` is True meanwhile), so a batch of records, and the memory it takes,
             stays bounded however much the files hold. 0: no bound.
+        watch_changes: list the directories only when inotify says their entries changed,
+            and stat only the files it says were written to (:mod:`.notify`; off, or on a
+            network filesystem: every poll lists and stats everything). Final polls always list.
+        rescan_after: seconds after which a poll lists everything even so (:mod:`.notify`).
 
     ``stats`` counts files, lines, records, invalid UTF-8, skipped input and errors
     (messages naming the file and the reason; the same problem is reported once).
@@ -107,7 +114,8 @@ class SourceWatcher:
                  boot_time: dt.datetime | None = None, committed: Mapping[str, SourceCheckpoint] | None = None,
                  exclude: Callable[[str], bool] | None = None, flush_after: float = 2.0, settle_after: float = 0.25,
                  forget_after_polls: int = 5, archives: bool = False, line_prefix: str | None = None,
-                 poll_bytes: int = DEFAULT_POLL_BYTES) -> None:
+                 poll_bytes: int = DEFAULT_POLL_BYTES, watch_changes: bool = True,
+                 rescan_after: float = 10.0) -> None:
         self.paths = list(paths)
         self.template = template
         self.boot_time = boot_time
@@ -118,6 +126,11 @@ class SourceWatcher:
         self.archives = archives
         self.line_prefix = line_prefix
         self.poll_bytes = poll_bytes
+        self.watch_changes = watch_changes
+        self.rescan_after = rescan_after
+        self.listings = 0  # polls that listed every directory (the others stat'ed what inotify named)
+        self._feed: notify.ChangeFeed | None = None
+        self._key_at: dict[str, Key] = {}  # normalized path -> the file the last listing found there
         self.stats = Stats()
         self._tails: dict[Key, FileTail] = {}
         # source id -> (generation not followed any more, poll it stopped being followed at)
@@ -165,13 +178,17 @@ class SourceWatcher:
         """
         now = now or dt.datetime.now(dt.timezone.utc)
         self._polls += 1
-        at = self._discover()
+        if self.watch_changes and not final and self._feed is None:
+            self._feed = notify.ChangeFeed(rescan_after=self.rescan_after)
+        self._now = now
+        at = None if final else self._changed_since(now)
+        if at is None:
+            at = self._discover()
         if self._missing_but_linked(at):  # listed before a rename and stat'ed after it: look once more
             for key, found in self._discover().items():
                 at.setdefault(key, found)
         if self._polls == 1:
             self._find_moved(at, final=final)
-        self._now = now
         self._by_dir = None
         start, deferred, unopened = self.bytes_read, False, 0
 
@@ -319,17 +336,53 @@ class SourceWatcher:
         return out + [gen.checkpoint for gen, _ in self._unfollowed.values()]
 
     def close(self) -> None:
-        """Close every file held open; the watcher is not used after this."""
+        """Close every file held open (and the inotify feed); the watcher is not used after this."""
         for tail in self._tails.values():
             tail.close()
         self._tails.clear()
+        if self._feed is not None:
+            self._feed.close()
+
+    @property
+    def watching(self) -> str:
+        """How polls find changes: ``inotify``, or why every poll lists everything."""
+        if not self.watch_changes:
+            return "listing every poll (asked)"
+        if self._feed is None:
+            return "listing every poll (no live poll yet)"
+        return "inotify" if self._feed.off is None else f"listing every poll ({self._feed.off})"
+
+    def _changed_since(self, now: dt.datetime) -> dict[Key, tuple[str, tuple[int, int]]] | None:
+        """What :meth:`_discover` would find now, from the last listing and the files inotify
+        says were written to since (each stat'ed again); None when everything must be
+        listed (see :mod:`.notify`), or a file written to is not the one listed there."""
+        if self._feed is None or self._polls == 1:
+            return None
+        changes = self._feed.changes(now.timestamp())
+        if changes.rescan is not None:
+            return None
+        at = dict(self._found)
+        for path in changes.written:
+            key = self._key_at.get(os.path.normpath(path))
+            if key is None:
+                continue  # a file no watched path takes (or excluded)
+            try:
+                st = os.stat(path)
+            except OSError:
+                return None
+            if (st.st_dev, st.st_ino) != key:
+                return None
+            at[key] = (at[key][0], (st.st_size, st.st_mtime_ns))
+        return at
 
     def _discover(self) -> dict[Key, tuple[str, tuple[int, int]]]:
         """The regular files under the paths now: ``(device, inode)`` -> (path, (size,
-        mtime_ns)); the first path of a file wins."""
+        mtime_ns)); the first path of a file wins. Watches the directories listed."""
         at: dict[Key, tuple[str, tuple[int, int]]] = {}
         archived = []
-        for found in discovery.discover(self.paths, archives=self.archives):
+        dirs: list[str] | None = [] if self._feed is not None else None
+        self.listings += 1
+        for found in discovery.discover(self.paths, archives=self.archives, dirs=dirs):
             if found.archive:
                 archived.append(found.path)
                 continue
@@ -345,6 +398,9 @@ class SourceWatcher:
             if stat.S_ISREG(st.st_mode):
                 at.setdefault((st.st_dev, st.st_ino), (found.path, (st.st_size, st.st_mtime_ns)))
         self.stats.archives_left = archived
+        if self._feed is not None and dirs is not None:
+            self._feed.listed(dirs, self._now.timestamp())
+            self._key_at = {os.path.normpath(path): key for key, (path, _) in at.items()}
         return at
 
     def _start(self, key: Key, path: str, sig: tuple[int, int], *, final: bool) -> FileTail | None:
