@@ -25,6 +25,7 @@ MOUNTINFO = """\
 88 27 0:52 / /mnt/shared rw,relatime - nfs4 fs1:/export rw,vers=4.2
 89 88 0:53 / /mnt/shared/local\\040scratch rw - xfs /dev/nvme0n1 rw
 90 27 0:54 / /mnt/bucket rw - fuse.gcsfuse bucket rw
+91 27 0:55 / /mnt/däten rw - nfs4 srv:/x rw
 """
 
 
@@ -33,6 +34,7 @@ def test_the_filesystem_of_a_path_is_its_longest_mount_point():
     assert notify.mount_fs_type("/mnt/shared/local scratch/rank0.log", MOUNTINFO) == "xfs"
     assert notify.mount_fs_type("/mnt/sharedother/x", MOUNTINFO) == "ext4"
     assert notify.mount_fs_type("/mnt/bucket", MOUNTINFO) == "fuse.gcsfuse"
+    assert notify.mount_fs_type("/mnt/däten/job", MOUNTINFO) == "nfs4"  # the kernel escapes only space, tab, \\
     assert [notify.is_remote(t) for t in ("nfs4", "xfs", "fuse.gcsfuse", "lustre", "ext4", None)] == [
         True, False, True, True, False, False]
 
@@ -132,3 +134,71 @@ def test_a_feed_dropped_without_close_stops_its_thread_and_frees_its_descriptor(
         if t.name == "ckptwatch-inotify":
             t.join(timeout=2)
     assert readers() == before
+
+
+def follow_until(w: SourceWatcher, text: str, seconds: float) -> float | None:
+    """Seconds (of the poll clock, 0.5 s a poll) until a poll returns a line holding ``text``."""
+    for n in range(int(seconds / 0.5) + 1):
+        if w.poll(now=at(10 + 0.5 * n))["line"].str.contains(text, literal=True).any():
+            return 0.5 * n
+    return None
+
+
+def watched(paths: list[str], write) -> float | None:
+    """Start a watcher on ``paths`` (two polls), ``write()``, and tell how long until its line
+    comes out, before the 10 s listing that would find anything anyway."""
+    w = SourceWatcher(paths, settle_after=0.25)
+    try:
+        w.poll(now=at(9))
+        w.poll(now=at(9.5))
+        write()
+        return follow_until(w, "NEW", 3.0)
+    finally:
+        w.close()
+
+
+def append(path, text: str) -> None:
+    with open(path, "a") as f:
+        f.write(text)
+
+
+# found by a review: each was seen only at the next full listing, 10 s later
+def test_a_symlink_to_a_file_elsewhere_is_followed_through_its_targets_directory(tmp_path):
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "scratch").mkdir()
+    append(tmp_path / "scratch" / "r0.log", "a\n")
+    os.symlink(tmp_path / "scratch" / "r0.log", tmp_path / "logs" / "r0.log")
+    assert watched([str(tmp_path / "logs")], lambda: append(tmp_path / "scratch" / "r0.log", "NEW\nb\n")) == 0.0
+
+
+def test_one_directory_reached_by_two_paths(tmp_path):
+    (tmp_path / "real").mkdir()
+    os.symlink(tmp_path / "real", tmp_path / "alias")
+    append(tmp_path / "real" / "c.log", "a\n")
+    paths = [str(tmp_path / "real"), str(tmp_path / "alias" / "c.log")]
+    assert watched(paths, lambda: append(tmp_path / "real" / "c.log", "NEW\nb\n")) == 0.0
+
+
+def test_a_file_named_before_it_exists_and_a_pattern_over_a_directory_without_a_match(tmp_path):
+    later = tmp_path / "later" / "x.log"
+    (tmp_path / "later").mkdir()
+    assert watched([str(later)], lambda: append(later, "NEW\nb\n")) == 0.0
+    (tmp_path / "g" / "job2").mkdir(parents=True)
+    append(tmp_path / "g" / "job2" / "config.json", "{}\n")
+    assert watched([str(tmp_path / "g" / "*" / "*.log")], lambda: append(tmp_path / "g" / "job2" / "r.log",
+                                                                        "NEW\nb\n")) == 0.0
+
+
+def test_a_watched_directory_deleted_and_made_again_is_watched_again(tmp_path):
+    d = tmp_path / "d"
+    d.mkdir()
+    append(d / "a.log", "a\n")
+
+    def remake() -> None:
+        for f in d.iterdir():
+            f.unlink()
+        d.rmdir()
+        d.mkdir()
+        append(d / "b.log", "NEW\nb\n")
+
+    assert watched([str(d)], remake) == 0.0

@@ -31,6 +31,8 @@ class Found:
     error: str | None = None
     #: a compressed rotated log left alone (``archives`` off): reported, not read
     archive: bool = False
+    #: the file's real path (symlinks resolved), for a file to read
+    real: str | None = None
 
 
 ARCHIVE_SUFFIXES = (".gz",)
@@ -42,9 +44,10 @@ def discover(paths: Iterable[str], *, archives: bool = False, dirs: list[str] | 
     (``train.log.1.gz``) found in directories too (one-shot reads: a live tail has read
     their lines before they were rotated and compressed); without it they are listed with
     ``archive`` set, to be reported. ``dirs``: appended with the directories whose entries
-    decide what is found (every directory walked; the directory of a file named directly or
-    matched by a pattern, and the pattern's directory before its first wildcard), for
-    :class:`~ckptwatch.ingest.notify.ChangeFeed` to watch."""
+    decide what is found, for :class:`~ckptwatch.ingest.notify.ChangeFeed` to watch: every
+    directory walked; the directory of a file named directly, or the nearest existing one
+    above a path that does not exist yet; for a pattern, the directories its directory part
+    matches (every one under its root with ``**``) and the root itself."""
     skip = tuple(s for s in SKIP_SUFFIXES if not (archives and s in ARCHIVE_SUFFIXES))
     out: list[Found] = []
     seen: set[str] = set()
@@ -59,21 +62,45 @@ def discover(paths: Iterable[str], *, archives: bool = False, dirs: list[str] | 
         elif any(c in p for c in "*?["):  # an existing path is taken literally, even with these
             candidates = [m for m in sorted(glob.glob(p, recursive=True)) if os.path.isfile(m)]
             if dirs is not None:
-                root = p[:min(p.find(c) for c in "*?[" if c in p)]
-                dirs += [d for d in [os.path.dirname(root) or os.curdir] if os.path.isdir(d)]
+                dirs += _pattern_dirs(p)
                 dirs += [os.path.dirname(m) or os.curdir for m in candidates]
         elif os.path.exists(p):
             out.append(Found(p, "not a regular file or directory"))
             continue
         else:
             out.append(Found(p, "does not exist"))
+            if dirs is not None:  # where it will appear
+                dirs.append(_nearest_existing(p))
             continue
         for c in candidates:
             c, real = c if isinstance(c, tuple) else (c, os.path.realpath(c))
             if real not in seen:
                 seen.add(real)
-                out.append(Found(c))
+                out.append(Found(c, real=real))
     return out
+
+
+def _nearest_existing(path: str) -> str:
+    """The nearest directory above ``path`` that exists (``.`` at worst)."""
+    parent = os.path.dirname(os.path.normpath(path)) or os.curdir
+    while not os.path.isdir(parent) and parent not in (os.curdir, os.sep):
+        parent = os.path.dirname(parent) or os.curdir
+    return parent
+
+
+def _pattern_dirs(pattern: str) -> list[str]:
+    """The directories whose entries decide what ``pattern`` matches: those its directory
+    part matches (every directory under the root with ``**``), and its root (the directory
+    before the first wildcard, or the nearest existing one above it)."""
+    root = pattern[:min(pattern.find(c) for c in "*?[" if c in pattern)]
+    top = os.path.dirname(root) or os.curdir
+    if not os.path.isdir(top):
+        return [_nearest_existing(top + os.sep + "x")]
+    if "**" in pattern:
+        return [top] + [os.path.join(d, n) for d, subdirs, _ in os.walk(top) for n in subdirs
+                        if not n.startswith(".")]
+    head = os.path.dirname(pattern)
+    return [top] + [d for d in sorted(glob.glob(head)) if os.path.isdir(d)] if head else [top]
 
 
 def _walk(top: str, real: str, skip: tuple[str, ...], candidates: list, out: list[Found],

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import select
 import threading
 import weakref
@@ -48,7 +49,7 @@ except (ImportError, OSError):  # pragma: no cover - not Linux
 #: filesystem types whose files other hosts write without an inotify event here
 #: (/proc/self/mountinfo's "filesystem type" field; FUSE mounts are ``fuse.<name>``)
 REMOTE_FS = ("nfs", "nfs4", "lustre", "gpfs", "cifs", "smb3", "smbfs", "ceph", "glusterfs", "beegfs",
-             "afs", "panfs", "wekafs", "9p", "fuse")
+             "afs", "panfs", "wekafs", "9p", "virtiofs", "fuse")
 
 
 @dataclass
@@ -72,7 +73,7 @@ def mount_fs_type(path: str, mountinfo: str) -> str | None:
         fields = left.split()
         if not sep or len(fields) < 5 or not right:
             continue
-        point = fields[4].encode().decode("unicode_escape")
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])  # \040: a space
         inside = real == point or real.startswith(point.rstrip("/") + "/")
         if inside and len(point) > best:
             best, fs = len(point), right.split()[0]
@@ -169,8 +170,10 @@ class ChangeFeed:
     def __init__(self, *, rescan_after: float = 10.0, mountinfo: str | None = None) -> None:
         self.rescan_after = rescan_after
         self.off: str | None = None
-        self._wd: dict[int, str] = {}  # watch descriptor -> directory
-        self._dirs: set[str] = set()
+        # watch descriptor -> the paths it was listed under (one directory may be reached
+        # by several: a symlinked alias, a relative and an absolute path)
+        self._wd: dict[int, list[str]] = {}
+        self._dirs: dict[str, tuple[int, tuple[int, int]]] = {}  # path -> (wd, (device, inode)) watched
         self._listed_at: float | None = None  # time of the last listing (seconds)
         self._mountinfo = mountinfo
         self._queue: _Queue | None = None
@@ -199,7 +202,15 @@ class ChangeFeed:
         queue = self._queue
         if self.off is not None or queue is None or queue.ino is None:
             return
-        new = [d for d in dict.fromkeys(dirs) if d not in self._dirs]
+        new = []
+        for d in dict.fromkeys(dirs):
+            try:
+                st = os.stat(d)
+            except OSError:
+                continue
+            known = self._dirs.get(d)
+            if known is None or known[1] != (st.st_dev, st.st_ino):  # new, or deleted and made again
+                new.append(d)
         if not new:
             return
         if self._mountinfo is None:
@@ -215,13 +226,15 @@ class ChangeFeed:
                 return
             try:
                 wd = queue.ino.add_watch(d, self.mask())
+                st = os.stat(d)
             except OSError as e:
                 if e.errno == errno.ENOSPC:
                     self._turn_off("no inotify watch left (fs.inotify.max_user_watches)")
                     return
                 continue  # gone since it was listed: the next listing sees what replaced it
-            self._wd[wd] = d
-            self._dirs.add(d)
+            self._forget(d)
+            self._wd.setdefault(wd, []).append(d)
+            self._dirs[d] = (wd, (st.st_dev, st.st_ino))
         if self._wd:
             queue.start()
 
@@ -234,8 +247,7 @@ class ChangeFeed:
         written, events = self._queue.swap()
         out = self.judge(events)
         for wd, name in written:
-            where = self._wd.get(wd)
-            if where is not None:
+            for where in self._wd.get(wd, ()):
                 out.written.add(os.path.join(where, name))
         if out.rescan is None and (self._listed_at is None or now - self._listed_at >= self.rescan_after):
             out.rescan = "never listed" if self._listed_at is None else f"{self.rescan_after:g} s since the last listing"
@@ -243,32 +255,39 @@ class ChangeFeed:
 
     def judge(self, events: Sequence) -> Changes:
         """:class:`Changes` from inotify ``events`` (``inotify_simple.Event``: wd, mask,
-        cookie, name). A watch the kernel dropped (its directory deleted or unmounted) is
-        forgotten, and a listing asked for."""
+        cookie, name). A watched directory deleted or moved away is forgotten (the next
+        listing watches whatever holds its path then), and a listing asked for."""
         assert F is not None
         out = Changes()
         for ev in events:
             if ev.mask & F.Q_OVERFLOW:
                 out.rescan = "the inotify queue overflowed"
                 continue
-            where = self._wd.get(ev.wd)
-            if ev.mask & F.IGNORED:
-                if where is not None:
-                    del self._wd[ev.wd]
-                    self._dirs.discard(where)
-                out.rescan = out.rescan or f"{where}: no longer watched"
+            paths = self._wd.get(ev.wd)
+            if not paths:
                 continue
-            if where is None:
+            if ev.mask & (F.IGNORED | F.DELETE_SELF | F.MOVE_SELF):
+                out.rescan = out.rescan or f"{paths[0]}: moved or deleted"
+                for where in list(paths):
+                    self._forget(where)
                 continue
             name = ev.name
-            if ev.mask & (F.DELETE_SELF | F.MOVE_SELF):
-                out.rescan = out.rescan or f"{where}: moved or deleted"
-            elif ev.mask & (F.CREATE | F.DELETE | F.MOVED_FROM | F.MOVED_TO):
+            if ev.mask & (F.CREATE | F.DELETE | F.MOVED_FROM | F.MOVED_TO):
                 if name and not name.startswith(".") and not name.endswith(SKIP_SUFFIXES):
-                    out.rescan = out.rescan or f"{os.path.join(where, name)}: created, renamed or deleted"
+                    out.rescan = out.rescan or f"{os.path.join(paths[0], name)}: created, renamed or deleted"
             elif name:  # MODIFY, ATTRIB
-                out.written.add(os.path.join(where, name))
+                out.written.update(os.path.join(where, name) for where in paths)
         return out
+
+    def _forget(self, path: str) -> None:
+        """Stop mapping events to ``path`` (its watch stays for the other paths it has)."""
+        known = self._dirs.pop(path, None)
+        if known is not None:
+            left = [p for p in self._wd.get(known[0], []) if p != path]
+            if left:
+                self._wd[known[0]] = left
+            else:
+                self._wd.pop(known[0], None)
 
     def _turn_off(self, why: str) -> None:
         self.off = why

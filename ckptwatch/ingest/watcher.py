@@ -130,7 +130,7 @@ class SourceWatcher:
         self.rescan_after = rescan_after
         self.listings = 0  # polls that listed every directory (the others stat'ed what inotify named)
         self._feed: notify.ChangeFeed | None = None
-        self._key_at: dict[str, Key] = {}  # normalized path -> the file the last listing found there
+        self._key_at: dict[str, Key] = {}  # absolute path (and a link's target) -> the file the last listing found
         self.stats = Stats()
         self._tails: dict[Key, FileTail] = {}
         # source id -> (generation not followed any more, poll it stopped being followed at)
@@ -363,7 +363,7 @@ class SourceWatcher:
             return None
         at = dict(self._found)
         for path in changes.written:
-            key = self._key_at.get(os.path.normpath(path))
+            key = self._key_at.get(os.path.abspath(path))
             if key is None:
                 continue  # a file no watched path takes (or excluded)
             try:
@@ -381,6 +381,7 @@ class SourceWatcher:
         at: dict[Key, tuple[str, tuple[int, int]]] = {}
         archived = []
         dirs: list[str] | None = [] if self._feed is not None else None
+        key_at: dict[str, Key] = {}
         self.listings += 1
         for found in discovery.discover(self.paths, archives=self.archives, dirs=dirs):
             if found.archive:
@@ -396,11 +397,18 @@ class SourceWatcher:
             except OSError:
                 continue  # gone since it was listed: the next poll sees what replaced it
             if stat.S_ISREG(st.st_mode):
-                at.setdefault((st.st_dev, st.st_ino), (found.path, (st.st_size, st.st_mtime_ns)))
+                key = (st.st_dev, st.st_ino)
+                at.setdefault(key, (found.path, (st.st_size, st.st_mtime_ns)))
+                if dirs is not None:  # events name a file by the directory watched: a link's target's too
+                    key_at[os.path.abspath(found.path)] = key
+                    if found.real and os.path.dirname(found.real) != os.path.dirname(os.path.abspath(found.path)):
+                        dirs.append(os.path.dirname(found.real))
+                    if found.real:
+                        key_at[found.real] = key
         self.stats.archives_left = archived
         if self._feed is not None and dirs is not None:
             self._feed.listed(dirs, self._now.timestamp())
-            self._key_at = {os.path.normpath(path): key for key, (path, _) in at.items()}
+            self._key_at = key_at
         return at
 
     def _start(self, key: Key, path: str, sig: tuple[int, int], *, final: bool) -> FileTail | None:
