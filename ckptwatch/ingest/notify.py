@@ -2,14 +2,13 @@
 
 A poll of 10,000 rank files used to list every directory and ``stat`` every file: 0.1 s
 of a busy poll and most of an idle one. With a :class:`ChangeFeed`, the watcher lists
-everything only when it must, and between two listings ``stat`` s just the files inotify
-reports written to (``IN_MODIFY``). It lists everything again when:
+everything only when it must, and between two listings stats just the files inotify
+reports written to (``IN_MODIFY``, ``IN_ATTRIB``). It lists everything again when:
 
 * anything else happened in a watched directory: a file created, renamed or deleted
   (rotation, a new rank's file, a new job's directory), a watched directory removed;
 * the kernel's event queue overflowed (``IN_Q_OVERFLOW``: events were lost);
-* ``rescan_after`` seconds passed since the last listing (a safety net, and what finds
-  files a glob pattern matches in a directory created since);
+* ``rescan_after`` seconds passed since the last listing (a safety net);
 * inotify cannot be used: not Linux, no watch left (``fs.inotify.max_user_watches``), or
   a watched directory is on a network filesystem (NFS, Lustre, GPFS, CIFS, Ceph, FUSE,
   ...), where lines other hosts write raise no event here. The watcher then lists every
@@ -154,7 +153,7 @@ class _Queue:
 
 
 class ChangeFeed:
-    """inotify watches on the directories a watcher lists, drained at each poll.
+    """inotify watches on the directories a watcher lists; what they saw, asked at each poll.
 
     Args:
         rescan_after: seconds after which :meth:`changes` asks for a listing anyway.
