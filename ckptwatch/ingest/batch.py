@@ -46,7 +46,8 @@ class Read:
     ``offset``, ``line``; a read split in bulk, see :mod:`ckptwatch.ingest.reader`);
     ``flush``: emit the last record of each stream too (the file ended, or was idle
     ``flush_after``); ``settled``: the file went quiet for ``settle_after``: emit the last
-    record of each stream unless it may go on (:func:`.multiline.may_go_on`); ``mtime``: the file's mtime (UTC); ``emitted``: records already made
+    record of each stream unless it may go on (:func:`.multiline.may_go_on`); ``mtime``:
+    the file's mtime (UTC); ``emitted``: records already made
     during the read (the held-back lines of a generation the file's truncation ended)."""
 
     tail: FileTail

@@ -62,8 +62,7 @@ def discover(paths: Iterable[str], *, archives: bool = False, dirs: list[str] | 
         elif any(c in p for c in "*?["):  # an existing path is taken literally, even with these
             candidates = [m for m in sorted(glob.glob(p, recursive=True)) if os.path.isfile(m)]
             if dirs is not None:
-                dirs += _pattern_dirs(p)
-                dirs += [os.path.dirname(m) or os.curdir for m in candidates]
+                dirs += _pattern_dirs(p)  # (the directories of its matches among them)
         elif os.path.exists(p):
             out.append(Found(p, "not a regular file or directory"))
             continue
@@ -81,7 +80,7 @@ def discover(paths: Iterable[str], *, archives: bool = False, dirs: list[str] | 
 
 
 def _nearest_existing(path: str) -> str:
-    """The nearest directory above ``path`` that exists (``.`` at worst)."""
+    """The nearest existing directory above ``path`` (``.`` at worst)."""
     parent = os.path.dirname(os.path.normpath(path)) or os.curdir
     while not os.path.isdir(parent) and parent not in (os.curdir, os.sep):
         parent = os.path.dirname(parent) or os.curdir
@@ -95,7 +94,7 @@ def _pattern_dirs(pattern: str) -> list[str]:
     root = pattern[:min(pattern.find(c) for c in "*?[" if c in pattern)]
     top = os.path.dirname(root) or os.curdir
     if not os.path.isdir(top):
-        return [_nearest_existing(top + os.sep + "x")]
+        return [_nearest_existing(top)]
     if "**" in pattern:
         return [top] + [os.path.join(d, n) for d, subdirs, _ in os.walk(top) for n in subdirs
                         if not n.startswith(".")]

@@ -399,12 +399,11 @@ class SourceWatcher:
             if stat.S_ISREG(st.st_mode):
                 key = (st.st_dev, st.st_ino)
                 at.setdefault(key, (found.path, (st.st_size, st.st_mtime_ns)))
-                if dirs is not None:  # events name a file by the directory watched: a link's target's too
-                    key_at[os.path.abspath(found.path)] = key
-                    if found.real and os.path.dirname(found.real) != os.path.dirname(os.path.abspath(found.path)):
+                if dirs is not None and found.real:  # events name a file by the directory watched: a link's target's too
+                    listed_as = os.path.abspath(found.path)
+                    key_at[listed_as] = key_at[found.real] = key
+                    if os.path.dirname(found.real) != os.path.dirname(listed_as):
                         dirs.append(os.path.dirname(found.real))
-                    if found.real:
-                        key_at[found.real] = key
         self.stats.archives_left = archived
         if self._feed is not None and dirs is not None:
             self._feed.listed(dirs, self._now.timestamp())
