@@ -38,6 +38,7 @@ File layout (every key optional; see ``examples/ckptwatch.toml``)::
     db = "incidents.duckdb"
     group = "ckptwatch-sink"
     retention_days = 30                    # raw events older than this are deleted; 0 (default): kept
+    snapshot_every = 2.0                   # s between read snapshots (DB.snapshot.duckdb) while written; 0: none
 
     [alerts]                               # see ckptwatch.sinks.alerts and the README
     realert_interval = 0                   # seconds; 0: re-alert only when severity rises
@@ -139,6 +140,7 @@ class SinkSettings:
     db: str = "incidents.duckdb"
     group: str = "ckptwatch-sink"
     retention_days: float = 0.0  # days of raw events kept in the database; 0: all (incidents are kept)
+    snapshot_every: float = 2.0  # seconds between read snapshots (:mod:`ckptwatch.sinks.snapshot`); 0: none
 
 
 @dataclass(frozen=True)
@@ -268,6 +270,7 @@ _CHECKS: dict[tuple[str, str], Callable[[Any], str | None]] = {
     ("alerts", "timeout"): _seconds(zero_ok=False),
     ("alerts", "connect_timeout"): _seconds(zero_ok=False),
     ("sink", "retention_days"): lambda v: None if 0 <= v <= 3650 else "must be from 0 (keep all) to 3650 days",
+    ("sink", "snapshot_every"): _seconds(zero_ok=True),
     ("collect", "verify_limits"): _check_limits,
     ("alerts", "retry_initial"): _seconds(zero_ok=False),
     ("alerts", "retry_max"): _seconds(zero_ok=False),

@@ -7,6 +7,7 @@ import re
 import socket
 import time
 
+import duckdb
 import pytest
 from conftest import SCENARIOS, expected, unmatched
 from kafka_support import (assert_no_version_twice, ckptwatch, cli_env, fleet_equals_embedded, fresh_config,
@@ -52,6 +53,15 @@ def test_whole_corpus_two_detector_processes(copy_scenario, kafka_bootstrap, tmp
     assert fleet["evidence"] == embedded["evidence"]
     assert fleet["event_keys"] == embedded["event_keys"]
     assert {r[4] for r in fleet["incidents"] if r[1] == "interrupted_save"} == {"job-0201-sigkill", "job-0301-timeout"}
+    # every fleet evidence row names the file and collector host it was read from, as embedded
+    files = {}
+    for db in (cfg.sink.db, tmp_path.parent / f"{tmp_path.name}-embedded.duckdb"):
+        con = duckdb.connect(str(db), read_only=True)
+        files[str(db)] = con.execute("SELECT incident_id, seq, file, read_on FROM evidence ORDER BY ALL").fetchall()
+        con.close()
+    fleet_files, embedded_files = files.values()
+    assert fleet_files == embedded_files and len(fleet_files) == len(fleet["evidence"])
+    assert {(f is not None and f.startswith(str(tmp_path)), h) for _, _, f, h in fleet_files} == {(True, socket.gethostname())}
     # a backlog is read to its end before incidents are asked for: no version published twice
     assert_no_version_twice(kafka_bootstrap, cfg.kafka.incidents_topic)
     assert set(published_per_id(kafka_bootstrap, cfg.kafka.incidents_topic)) >= {r[0] for r in fleet["incidents"]}

@@ -29,7 +29,9 @@
   for it when it sent the message (it never sends an event of that source below it again);
   :data:`FANOUT_HEADER` on a host key's copies, the partition whose copy the sink stores.
   Both are optional: the events of a message without floors are checked against what is
-  stored.
+  stored. :data:`SOURCES_HEADER` (optional too) names where the message's sources were read:
+  JSON ``{"host": collector's hostname, "files": {source_id: path}}``, recorded in the
+  sink's ``sources`` table so every evidence row names its file.
 * **incidents topic**: value = :meth:`ckptwatch.detectors.Incident.to_dict` as JSON; key =
   the incident id. The latest message of a key is the incident's current version.
 * **saves topic**: value = one :class:`~ckptwatch.detectors.checkpoints.SaveFact` as JSON
@@ -73,6 +75,29 @@ FLOORS_HEADER = "ckptwatch-floors"
 #: events record header: on each copy of a host key's message, the partition (decimal ASCII)
 #: of the copy a sink stores
 FANOUT_HEADER = "ckptwatch-fanout"
+
+#: events record header: where the message's sources were read (see the module docstring)
+SOURCES_HEADER = "ckptwatch-sources"
+
+
+def encode_sources(host: str, files: dict[str, str]) -> bytes:
+    """The value of :data:`SOURCES_HEADER`: ``files`` maps ``source_id`` -> path on ``host``."""
+    return json.dumps({"host": host, "files": files}, separators=(",", ":")).encode()
+
+
+def decode_sources(value: bytes) -> tuple[str | None, dict[str, str]]:
+    """Inverse of :func:`encode_sources`: ``(host, {source_id: path})``. Raises DecodeError
+    for anything but that shape."""
+    try:
+        doc = json.loads(value)
+    except ValueError:
+        doc = None
+    files = doc.get("files") if isinstance(doc, dict) else None
+    host = doc.get("host") if isinstance(doc, dict) else None
+    if (not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items())
+            or not (host is None or isinstance(host, str))):
+        raise DecodeError(f"header {SOURCES_HEADER} is not {{\"host\": ..., \"files\": {{id: path}}}}: {value[:80]!r}")
+    return host, files
 
 
 def encode_floors(floors: dict[str, int]) -> bytes:

@@ -25,6 +25,7 @@ import dataclasses
 import datetime as dt
 import os
 import re
+import socket
 from collections.abc import Callable, Mapping, Sequence
 
 import polars as pl
@@ -36,7 +37,8 @@ from ckptwatch.ingest.checkpoint import FileCheckpointer, SourceCheckpoint
 from ckptwatch.integrity.watch import CheckpointWatcher
 from ckptwatch.ingest.watcher import SourceWatcher
 from ckptwatch.kafka.admin import ensure_topics
-from ckptwatch.kafka.codec import FANOUT_HEADER, FLOORS_HEADER, encode_event_batches, encode_floors
+from ckptwatch.kafka.codec import (FANOUT_HEADER, FLOORS_HEADER, SOURCES_HEADER, encode_event_batches,
+                                   encode_floors, encode_sources)
 from ckptwatch.kafka.producer import Message, Publisher
 from ckptwatch.pipeline import extract_events
 from ckptwatch.rules import RuleSet
@@ -82,6 +84,8 @@ class Collector:
             self._close_sources()
             raise
         self.published = 0
+        #: this machine's name, sent with the files' paths (the sink's ``sources.host``)
+        self.host = socket.gethostname()
 
     def messages(self, events: pl.DataFrame) -> list[Message]:
         """The events as messages (:func:`event_messages`), each with the offsets saved for
@@ -91,7 +95,8 @@ class Collector:
         topic = self.config.kafka.events_topic
         saved = {sid: c.offset for sid, c in self._saved.items()}
         return event_messages(events, topic=topic, partitions=self.publisher.partitions(topic), floors=saved,
-                              fmt=self.config.kafka.events_format)
+                              fmt=self.config.kafka.events_format,
+                              files={sid: c.path for sid, c in self._saved.items()}, host=self.host)
 
     def step(self, *, final: bool = False, now: dt.datetime | None = None) -> int:
         """Read, match, publish, checkpoint. Returns the number of events published.
@@ -143,14 +148,17 @@ class Collector:
 
 
 def event_messages(events: pl.DataFrame, *, topic: str, partitions: Sequence[int], floors: Mapping[str, int],
-                   fmt: str = "arrow") -> list[Message]:
+                   fmt: str = "arrow", files: Mapping[str, str] | None = None,
+                   host: str | None = None) -> list[Message]:
     """``events`` (EVENT_SCHEMA) as messages of ``topic``: batches keyed by job (events of
     no job under ``unknown``), host events' batches keyed by host and copied to every one of
     ``partitions`` (the first one's copy named in :data:`~ckptwatch.kafka.codec.FANOUT_HEADER`,
     the one the sink stores), each message with the ``floors`` of its sources in
     :data:`~ckptwatch.kafka.codec.FLOORS_HEADER` (``source_id`` -> offset below which no
-    event of the source is sent again; sources missing from ``floors`` get none). Values
-    are :func:`~ckptwatch.kafka.codec.encode_event_batches` in format ``fmt``."""
+    event of the source is sent again; sources missing from ``floors`` get none), and the
+    paths ``files`` gives its sources (``source_id`` -> path, read on ``host``) in
+    :data:`~ckptwatch.kafka.codec.SOURCES_HEADER`. Values are
+    :func:`~ckptwatch.kafka.codec.encode_event_batches` in format ``fmt``."""
     if events.is_empty():
         return []
     job = pl.col("job").fill_null("")
@@ -161,7 +169,9 @@ def event_messages(events: pl.DataFrame, *, topic: str, partitions: Sequence[int
     headers: dict[bytes, tuple[tuple[str, bytes], ...]] = {}
     for (key,), rows in sources.partition_by("key", as_dict=True).items():
         given = {sid: floors[sid] for sid in rows["source_id"] if sid in floors}
-        headers[key] = ((FLOORS_HEADER, encode_floors(given)),) if given else ()
+        named = {sid: files[sid] for sid in rows["source_id"] if sid in files} if files else {}
+        headers[key] = (((FLOORS_HEADER, encode_floors(given)),) if given else ()) + (
+            ((SOURCES_HEADER, encode_sources(host or "", named)),) if named else ())
     out: list[Message] = []
     for key, value in encode_event_batches(events, keys, fmt=fmt):
         if key.startswith(_HOST_MARK.encode()):  # the sink stores one copy (floors hold for one)

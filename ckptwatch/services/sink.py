@@ -28,8 +28,8 @@ from ckptwatch import failpoints
 from ckptwatch.config import Config
 from ckptwatch.detectors import Incident
 from ckptwatch.kafka.admin import ensure_topics
-from ckptwatch.kafka.codec import (FANOUT_HEADER, FLOORS_HEADER, DecodeError, decode_events_skipping, decode_floors,
-                                   decode_incident)
+from ckptwatch.kafka.codec import (FANOUT_HEADER, FLOORS_HEADER, SOURCES_HEADER, DecodeError, decode_events_skipping,
+                                   decode_floors, decode_incident, decode_sources)
 from ckptwatch.kafka.consumer import GroupMember
 from ckptwatch.sinks.alerts.dispatcher import Alerter
 from ckptwatch.sinks.duckdb_store import Store
@@ -147,7 +147,7 @@ class SinkMember:
                     incidents[inc.id] = inc  # the latest version of each id wins
                 except DecodeError as e:
                     self._bad(r, e)
-        event_recs, floors, floored = self._to_store(event_recs)
+        event_recs, floors, floored, files = self._to_store(event_recs)
         events, bad, counts = decode_events_skipping([r.value for r in event_recs])
         for i, e in bad:
             self._bad(event_recs[i], e)
@@ -160,7 +160,8 @@ class SinkMember:
         self.stats.events_received += events.height
         done = {(tp.topic, tp.partition): off for tp, off in offsets.items()}
         with self.store.transaction():
-            added, written = self.store.commit_kafka_batch(events, incidents.values(), done, floors, unfloored)
+            added, written = self.store.commit_kafka_batch(events, incidents.values(), done, floors, unfloored,
+                                                           files=files)
             if self.alerter:
                 self.alerter.notify(incidents.values())
         self._stored.update(done)
@@ -172,14 +173,18 @@ class SinkMember:
         self.member.commit(offsets)
         return len(records)
 
-    def _to_store(self, records: list[ConsumerRecord]) -> tuple[list[ConsumerRecord], dict[str, int], list[bool]]:
+    def _to_store(self, records: list[ConsumerRecord]
+                  ) -> tuple[list[ConsumerRecord], dict[str, int], list[bool], dict[str, tuple[str, str | None]]]:
         """The events records to store (of a host key's copies, the one its
         :data:`~ckptwatch.kafka.codec.FANOUT_HEADER` names), the sources' floors their
         headers give (the lowest when several messages give one; see
-        :mod:`ckptwatch.sinks.stored_offsets`), and whether each record kept gave floors."""
+        :mod:`ckptwatch.sinks.stored_offsets`), whether each record kept gave floors, and
+        the sources' ``(path, host)`` their :data:`~ckptwatch.kafka.codec.SOURCES_HEADER`
+        names (the newest message's)."""
         keep: list[ConsumerRecord] = []
         floors: dict[str, int] = {}
         floored: list[bool] = []
+        files: dict[str, tuple[str, str | None]] = {}
         for r in records:
             headers = dict(r.headers or ())
             if FANOUT_HEADER in headers:
@@ -196,9 +201,15 @@ class SinkMember:
                     given = True
                 except DecodeError as e:  # the events are stored all the same, checked against the table
                     self.on_message(f"{r.topic} partition {r.partition} offset {r.offset}: {e}; ignored")
+            if SOURCES_HEADER in headers:
+                try:
+                    host, named = decode_sources(headers[SOURCES_HEADER])
+                    files.update((sid, (path, host or None)) for sid, path in named.items())
+                except DecodeError as e:  # the events are stored all the same, their files unnamed
+                    self.on_message(f"{r.topic} partition {r.partition} offset {r.offset}: {e}; ignored")
             keep.append(r)
             floored.append(given)
-        return keep, floors, floored
+        return keep, floors, floored, files
 
     def close(self) -> None:
         """Leaves the group; waits for alerts in flight."""

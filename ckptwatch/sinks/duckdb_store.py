@@ -1,7 +1,9 @@
 """DuckDB store: events (with their source and offset), source offsets, incidents and
 their evidence, in one database file.
 
-Tables (timestamps are ``TIMESTAMPTZ``, UTC):
+Tables (timestamps are ``TIMESTAMPTZ``, UTC; every column with its type and unit in
+``docs/schema.md``; the file's schema version in ``schema_version``, older files brought up
+to date when opened: :mod:`ckptwatch.sinks.migrations`):
 
 * ``events``: EVENT_SCHEMA; each ``(source_id, offset)`` once: re-reading the same bytes
   inserts nothing (:mod:`ckptwatch.sinks.stored_offsets` drops the repeats in bounded
@@ -10,8 +12,10 @@ Tables (timestamps are ``TIMESTAMPTZ``, UTC):
 * ``sources``: ``source_id`` -> ``file``, ``committed_offset`` (where tailing resumes),
   the ``job`` learned from the file's lines and ``head_hash`` (hex SHA-256 of the file's
   first line, to recognize a ``copytruncate`` copy after a restart), ``followed`` (False
-  once tailing forgot the source: a restart does not resume it). Written in the same
-  transaction as the events read up to it.
+  once tailing forgot the source: a restart does not resume it), ``host`` (the machine the
+  file was read on). Written in the same transaction as the events read up to it. In fleet
+  mode the sink records each source's file and collector host as the messages name them
+  (``committed_offset`` NULL, ``followed`` FALSE: the collector keeps its own offsets).
 * ``source_floors``: fleet mode: ``source_id`` -> ``floor``, the collector's saved offset
   of the source as its last message said (no event of the source below it is sent again;
   see :mod:`ckptwatch.sinks.stored_offsets`).
@@ -60,6 +64,7 @@ import json
 import os
 import secrets
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -72,6 +77,8 @@ import polars as pl
 from ckptwatch import private_files
 from ckptwatch.detectors.incident import EvidenceItem, Incident
 from ckptwatch.schema import EVENT_SCHEMA
+from ckptwatch.sinks import migrations
+from ckptwatch.sinks.snapshot import DEFAULT_EVERY, SnapshotPublisher
 from ckptwatch.sinks.stored_offsets import PAIR_SCHEMA, StoredOffsets
 
 _DDL = """
@@ -102,6 +109,8 @@ CREATE TABLE IF NOT EXISTS kafka_offsets (
     topic VARCHAR, "partition" INTEGER, next_offset BIGINT, updated_ts TIMESTAMPTZ, PRIMARY KEY (topic, "partition"));
 """
 
+#: seconds a store waits for another process's lock on its file before it fails
+LOCK_WAIT = 5.0
 #: DuckDB's memory limit while a restart reads the events to replay (it spills past it)
 REPLAY_MEMORY_LIMIT = "64MB"
 #: DuckDB's memory limit for the store's connection: its buffer pool caches what it writes
@@ -208,7 +217,8 @@ def _is_new(path: str) -> bool:
 
 
 def create_database(path: str) -> None:
-    """Create the database file ``path`` with the schema, atomically: built and
+    """Create the database file ``path`` with the schema (at
+    :data:`~ckptwatch.sinks.migrations.SCHEMA_VERSION`), atomically: built and
     checkpointed in a temporary file of the same directory (``0600``), fsynced, then linked
     into place (a database another process made meanwhile wins; an empty file is
     replaced). On failure nothing is left behind. Raises :class:`StoreError` (:class:`DiskFull`
@@ -220,6 +230,7 @@ def create_database(path: str) -> None:
             con = duckdb.connect(tmp)
             try:
                 con.execute(_DDL)
+                migrations.create_current(con)
                 con.execute("CHECKPOINT")
             finally:
                 con.close()
@@ -318,18 +329,53 @@ class Store:
         self._sources_written: dict[str, tuple[Any, ...]] = {}
         self._journal: list[Callable[[duckdb.DuckDBPyConnection], Any]] | None = None  # the open transaction's
         self._invalid = False  # DuckDB invalidated its instance (a failed checkpoint): reopen before use
+        #: the machine this process reads files on (``sources.host`` of the files it tails)
+        self.host = socket.gethostname()
+        #: transactions committed since the store opened (what read snapshots follow)
+        self.commits = 0
+        #: the read snapshot publisher, once :meth:`publish_snapshots` started it
+        self.snapshots: SnapshotPublisher | None = None
+        self._snapshot_cursor: duckdb.DuckDBPyConnection | None = None
         if _is_new(path):
             create_database(path)
         self.raw = self._connect()
         self.con = Connection(self)
-        self.con.execute(_DDL)  # an older database gains the newer columns
+        try:
+            found = migrations.check_not_newer(self.con, path)
+        except migrations.SchemaTooNew:
+            self.raw.close()
+            raise
+        self.con.execute(_DDL)  # a database from before versions were recorded gains the newer columns
         self._drop_events_key()
+        self.migrated = migrations.upgrade(self, found)  # the versions this open applied
         self._private()
         self._offsets: StoredOffsets | None = None  # loaded at the first insert
 
+    def publish_snapshots(self, every: float = DEFAULT_EVERY) -> SnapshotPublisher | None:
+        """Publish read snapshots of this database every ``every`` seconds while it is
+        written (:mod:`ckptwatch.sinks.snapshot`; the last one at :meth:`close`). None for an
+        in-memory database."""
+        if self.path.startswith(":memory:") or not self.path or self.snapshots is not None:
+            return self.snapshots
+        self._snapshot_cursor = self.raw.cursor()
+        self.snapshots = SnapshotPublisher(self.path, lambda: self._snapshot_cursor,  # type: ignore[arg-type,return-value]
+                                           lambda: self.commits, every=every, say=self.say).start()
+        return self.snapshots
+
     def _connect(self) -> duckdb.DuckDBPyConnection:
-        with private_files.private_umask():  # the file and its first WAL are created 0600
-            return duckdb.connect(self.path, config={"memory_limit": STORE_MEMORY_LIMIT})
+        """DuckDB's connection to the file. A lock held by another process is waited for
+        up to :data:`LOCK_WAIT` seconds: a reader of the history that opened the file at rest
+        holds it for one query (:mod:`ckptwatch.history.read`); a writer holds it for good,
+        and the error says so after the wait."""
+        deadline = time.monotonic() + LOCK_WAIT
+        while True:
+            try:
+                with private_files.private_umask():  # the file and its first WAL are created 0600
+                    return duckdb.connect(self.path, config={"memory_limit": STORE_MEMORY_LIMIT})
+            except duckdb.IOException as e:
+                if "lock" not in str(e).lower() or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.1)
 
     def _drop_events_key(self) -> None:
         """A database made before the events table lost its primary key: the table copied
@@ -353,7 +399,10 @@ class Store:
 
     def close(self) -> None:
         """Close the connection. DuckDB checkpoints on close; on a full disk that fails
-        harmlessly (what was committed is in the WAL, replayed at the next open)."""
+        harmlessly (what was committed is in the WAL, replayed at the next open). The read
+        snapshot, when published, is published one last time first."""
+        if self.snapshots is not None:
+            self.snapshots.close()
         try:
             self.raw.close()
         except duckdb.Error as e:
@@ -513,6 +562,7 @@ class Store:
                 raise
         finally:
             self._journal = None
+        self.commits += 1
         self._private()
 
     # -- writes that survive a full disk -------------------------------------------------
@@ -656,9 +706,12 @@ class Store:
         its WAL, replayed on open). Raises duckdb.Error (e.g. still no space to open it)."""
         if not self._invalid:
             return
-        with contextlib.suppress(duckdb.Error):
-            self.raw.close()
-        self.raw = self._connect()
+        with self.snapshots.copying() if self.snapshots else contextlib.nullcontext():  # not under a copy
+            with contextlib.suppress(duckdb.Error):
+                self.raw.close()
+            self.raw = self._connect()
+            if self.snapshots is not None:
+                self._snapshot_cursor = self.raw.cursor()
         self._invalid = False
         self._private()
 
@@ -666,7 +719,7 @@ class Store:
         """``INSERT OR REPLACE`` the sources ``(source_id, file, offset, job, updated_ts,
         head_hash)``, followed."""
         self._insert_rows("INSERT OR REPLACE INTO sources (source_id, file, committed_offset, job, updated_ts, "
-                          "head_hash, followed) SELECT *, TRUE FROM arrow", rows, {
+                          f"head_hash, followed, host) SELECT *, TRUE, '{_sql_text(self.host)}' FROM arrow", rows, {
                               "source_id": pl.Utf8, "file": pl.Utf8, "committed_offset": pl.Int64, "job": pl.Utf8,
                               "updated_ts": pl.Datetime("us", "UTC"), "head_hash": pl.Utf8})
 
@@ -800,16 +853,27 @@ class Store:
     def commit_kafka_batch(self, events: pl.DataFrame, incidents: Iterable[Incident],
                            offsets: Mapping[tuple[str, int], int],
                            floors: Mapping[str, int] | None = None,
-                           unfloored: Iterable[str] = ()) -> tuple[int, int]:
+                           unfloored: Iterable[str] = (),
+                           files: Mapping[str, tuple[str, str | None]] | None = None) -> tuple[int, int]:
         """Events, incidents and the Kafka offsets ``(topic, partition) -> next offset`` they
         were read up to, in one transaction: the database says itself how far it is, so a
         new database file re-reads the topics from their start and a crash re-reads only
         what was not committed here. ``floors``: ``source_id`` -> the floor the events'
         messages carried; ``unfloored``: sources with events in a message that carried none
-        (:mod:`ckptwatch.sinks.stored_offsets`). Returns (new events, incidents written)."""
+        (:mod:`ckptwatch.sinks.stored_offsets`); ``files``: ``source_id`` -> ``(path, host)``
+        where the collector read it (recorded in ``sources``, first, so the incidents'
+        evidence in the same batch names its file). Returns (new events, incidents written)."""
         now = dt.datetime.now(dt.timezone.utc)
         floors = dict(floors or {})
+        named = [(sid, path, host, now) for sid, (path, host) in (files or {}).items()
+                 if self._sources_written.get(sid) != (path, host)]
         with self.transaction():
+            if named:
+                self._insert_rows(
+                    "INSERT INTO sources (source_id, file, host, updated_ts, followed) SELECT *, FALSE FROM arrow "
+                    "ON CONFLICT (source_id) DO UPDATE SET file = excluded.file, host = excluded.host, "
+                    "updated_ts = excluded.updated_ts", named,
+                    {"source_id": pl.Utf8, "file": pl.Utf8, "host": pl.Utf8, "updated_ts": pl.Datetime("us", "UTC")})
             self._stored_offsets().expect(floors)
             new = self._insert_events(events, unfloored)
             n = self._upsert(incidents, now)
@@ -821,7 +885,13 @@ class Store:
                                   [(sid, f, now) for sid, f in floors.items()],
                                   {"source_id": pl.Utf8, "floor": pl.Int64, "updated_ts": pl.Datetime("us", "UTC")})
             self._stored_offsets().stored(new, floors)
+        self._sources_written.update((sid, (path, host)) for sid, path, host, _ in named)
         return new.height, n
+
+
+def _sql_text(text: str) -> str:
+    """``text`` quoted for a SQL string literal (its single quotes doubled)."""
+    return text.replace("'", "''")
 
 
 def _pairs_of(table: Any) -> pl.DataFrame:
