@@ -1,5 +1,7 @@
 """Command line: ``ckptwatch diagnose | run | collect | detect | sink | rules | silence |
-manifest | verify`` (the last two in :mod:`ckptwatch.integrity.cli`).
+manifest | verify | simulate | incidents`` (``manifest`` and ``verify`` in
+:mod:`ckptwatch.integrity.cli`, ``simulate`` in :mod:`ckptwatch.simulate_cli`, ``incidents``
+in :mod:`ckptwatch.history.cli`); ``ckptwatch --version``.
 
 Exit codes: ``diagnose`` 0 with no incident, 1 with at least one, 2 on a usage or input
 error; ``rules check`` 0 when every rule is sound, 1 otherwise, 2 on usage error;
@@ -43,6 +45,7 @@ from ckptwatch.detectors.incident import DEFAULT_SEVERITY
 from ckptwatch.ingest import timestamps
 from ckptwatch.ingest.layout import TemplateError, compile_template
 from ckptwatch.ingest.prefix import LinePrefixError, compile_line_prefix
+from ckptwatch.history.cli import register as register_history
 from ckptwatch.integrity.cli import register as register_integrity
 from ckptwatch.simulate_cli import register as register_simulate
 from ckptwatch.pipeline import PipelineOptions, diagnose
@@ -67,6 +70,21 @@ silence_app = typer.Typer(no_args_is_help=True, help="Silences: mute alerts by j
 app.add_typer(silence_app, name="silence")
 register_integrity(app)  # manifest, verify
 register_simulate(app)  # simulate
+register_history(app)  # incidents list | show | export
+
+
+def _version(value: bool) -> None:
+    if value:
+        from ckptwatch import __version__
+
+        Console(highlight=False).print(f"ckptwatch {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                                help="Print the version and exit.")] = False) -> None:
+    """Find interrupted, partial and poisoned checkpoints in ML training logs."""
 
 _err = Console(stderr=True, highlight=False)
 
@@ -263,7 +281,7 @@ def run_cmd(
         cfg = dataclasses.replace(cfg, collect=collect, sink=dataclasses.replace(cfg.sink, db=db))
         _sigterm_as_interrupt()
         with _stopped_quietly():
-            store = _open_store(db)
+            store = _open_store(db, cfg)
             store.wait_for_space = not once  # as in the embedded run
             try:
                 built = _build(lambda: alerter(store, metrics))
@@ -297,6 +315,8 @@ def run_cmd(
     # a one-shot run gives up on a full disk (one line, exit 2; a re-run resumes from what was
     # stored) where a service waits for space
     runner.store.wait_for_space = not once
+    if cfg.sink.snapshot_every > 0:  # readers read it while this run writes (ckptwatch.sinks.snapshot)
+        runner.store.publish_snapshots(cfg.sink.snapshot_every)
     stopped = False
     try:
         runner.run(once=once, interval=interval, until_idle=until_idle)
@@ -555,7 +575,7 @@ def sink_cmd(
     metrics = _start_metrics(ctx, cfg)  # before the store: a port in use leaves no database open
     _sigterm_as_interrupt()
     with _stopped_quietly():
-        store = _open_store(cfg.sink.db)
+        store = _open_store(cfg.sink.db, cfg)
         try:
             _info(f"sink: group {cfg.sink.group}, {cfg.kafka.events_topic} + {cfg.kafka.incidents_topic} at "
                   f"{cfg.kafka.bootstrap_servers} -> {cfg.sink.db}")
@@ -579,13 +599,17 @@ def _retention(cfg: Config) -> dt.timedelta | None:
     return dt.timedelta(days=cfg.sink.retention_days) if cfg.sink.retention_days > 0 else None
 
 
-def _open_store(path: str) -> Store:
+def _open_store(path: str, cfg: Config) -> Store:
+    """The store at ``path``, publishing read snapshots as ``[sink] snapshot_every`` says."""
     import duckdb
 
     try:
-        return Store(path, say=_say)
+        store = Store(path, say=_say)
     except duckdb.Error as e:
         raise _fail(f"--db {path}: {str(e).splitlines()[0]}") from None
+    if cfg.sink.snapshot_every > 0:
+        store.publish_snapshots(cfg.sink.snapshot_every)
+    return store
 
 
 def _report_stats(stats: dict[str, Any], summary: str) -> None:

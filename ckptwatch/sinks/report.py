@@ -14,7 +14,7 @@ from rich.markup import escape
 
 from ckptwatch.detectors.incident import Incident
 
-_SEV_STYLE = {"critical": "bold red", "error": "red", "warning": "yellow", "info": "cyan"}
+SEV_STYLE = {"critical": "bold red", "error": "red", "warning": "yellow", "info": "cyan"}
 TIMELINE_MAX = 14
 
 
@@ -49,7 +49,7 @@ def render_text(incidents: list[Incident], console: Console, stats: dict[str, An
         console.print("[green]No incident found.[/green]")
     for inc in incidents:
         rc = inc.root_cause
-        style = _SEV_STYLE.get(inc.severity, "")
+        style = SEV_STYLE.get(inc.severity, "")
         console.print(f"[{style}]{inc.severity.upper()}[/{style}] [bold]{inc.kind}[/bold]  job {escape(str(inc.job))}  "
                       f"step {'unknown' if inc.step is None else inc.step}  [dim]id {inc.id} · {inc.status}[/dim]")
         console.print(f"  checkpoint   {escape(inc.checkpoint_path or 'path not in the logs')}")

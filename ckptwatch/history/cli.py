@@ -1,0 +1,214 @@
+"""Command line of the incident history: ``ckptwatch incidents list | show | export``.
+
+    ckptwatch incidents list [--db incidents.duckdb] [--job GLOB] [--kind GLOB] [--severity S]
+                             [--status open|resolved|superseded|all] [--since 2h|2026-12-01] [--json]
+    ckptwatch incidents show ID [--db ...] [--json]      # ID or a prefix of it (4+ characters)
+    ckptwatch incidents export OUT --format parquet|csv [--table incidents|evidence|alerts] [filters]
+
+They read a database at rest, or the read snapshot of one a running ``run`` / ``sink``
+writes (:mod:`ckptwatch.history.read`), and say on standard error which, and how old it is.
+Exit codes: 0, 1 (``show``: no such incident), 2 (usage or input error: one line).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import sys
+from typing import Annotated, Any
+
+import duckdb
+import polars as pl
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from ckptwatch import config as config_mod
+from ckptwatch.history import queries
+from ckptwatch.history.read import HistoryError, open_history
+from ckptwatch.sinks import report
+
+#: a table piped to a file or a pager keeps its width (rich would cut it to 80 columns)
+_out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 240)
+_err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+incidents_app = typer.Typer(no_args_is_help=True, help="Incident history: list, show and export past incidents "
+                                                       "(also while run or sink writes the database).")
+
+DbOpt = Annotated[str | None, typer.Option("--db", help="The DuckDB file run/sink write (default: [sink] db of "
+                                                       "the config, incidents.duckdb).")]
+ConfigOpt = Annotated[str | None, typer.Option("--config", help="TOML config file (default $CKPTWATCH_CONFIG).")]
+JobOpt = Annotated[str | None, typer.Option("--job", help="Job name or glob, e.g. 'llama-*'.")]
+KindOpt = Annotated[str | None, typer.Option("--kind", help="Incident kind or glob, e.g. interrupted_save.")]
+SeverityOpt = Annotated[str | None, typer.Option("--severity", help="This severity and above: info, warning, "
+                                                                   "error, critical.")]
+StatusOpt = Annotated[str | None, typer.Option("--status", help="open, resolved, superseded or all (default: "
+                                                               "all but superseded, i.e. withdrawn).")]
+SinceOpt = Annotated[str | None, typer.Option("--since", help="Detected within this long (30m, 2h, 7d) or since "
+                                                             "this UTC date or time (2026-12-01, 2026-12-01T08:00).")]
+
+#: characters of an id the table shows (``show`` takes any unique prefix; ``--json`` gives them whole)
+ID_SHOWN = 10
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def _fail(msg: str, code: int = 2) -> typer.Exit:
+    _err.print(f"[red]error:[/red] {escape(msg)}")
+    return typer.Exit(code)
+
+
+def _since(text: str | None, now: dt.datetime | None = None) -> dt.datetime | None:
+    """``--since``: a duration back from now, or an ISO date/time (UTC when it names no zone)."""
+    if not text:
+        return None
+    now = now or dt.datetime.now(dt.timezone.utc)
+    parts = re.findall(r"(\d+(?:\.\d+)?)([smhdw])", text.strip())
+    if parts and "".join(n + u for n, u in parts) == text.strip():
+        return now - dt.timedelta(seconds=sum(float(n) * _UNITS[u] for n, u in parts))
+    try:
+        t = dt.datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise _fail(f"--since {text}: not a duration (30m, 2h, 7d) or a date (2026-12-01, 2026-12-01T08:00)") from None
+    return t.replace(tzinfo=dt.timezone.utc) if t.tzinfo is None else t.astimezone(dt.timezone.utc)
+
+
+def _db(db: str | None, config: str | None) -> str:
+    if db:
+        return db
+    try:
+        return config_mod.load(config).sink.db
+    except config_mod.ConfigError as e:
+        raise _fail(str(e)) from None
+
+
+def _filters(con: duckdb.DuckDBPyConnection, job: str | None, kind: str | None, severity: str | None,
+             status: str | None, since: str | None) -> pl.DataFrame:
+    try:
+        return queries.list_incidents(con, job=job, kind=kind, min_severity=severity, status=status,
+                                      since=_since(since))
+    except ValueError as e:
+        raise _fail(f"--{str(e).split()[0]} {str(e).split(' ', 1)[1]}") from None
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, dt.datetime):
+        return f"{value.astimezone(dt.timezone.utc):%Y-%m-%d %H:%M:%S}"
+    return str(value)
+
+
+def list_cmd(db: DbOpt = None, job: JobOpt = None, kind: KindOpt = None, severity: SeverityOpt = None,
+             status: StatusOpt = None, since: SinceOpt = None,
+             as_json: Annotated[bool, typer.Option("--json", help="A JSON array of incidents instead of a table.")] = False,
+             config: ConfigOpt = None) -> None:
+    """List past incidents, newest first (filters combine)."""
+    path = _db(db, config)
+    try:
+        with open_history(path) as (con, opened):
+            frame = _filters(con, job, kind, severity, status, since)
+    except HistoryError as e:
+        raise _fail(str(e)) from None
+    _err.print(f"[dim]{escape(opened.describe())}[/dim]")
+    if as_json:
+        _out.print_json(json.dumps(frame.to_dicts(), default=lambda v: v.isoformat()), indent=2)
+        return
+    if frame.is_empty():
+        _out.print("no incident matches" if any((job, kind, severity, status, since)) else "no incident recorded")
+        return
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for name in ("id", "detected (UTC)", "severity", "status", "kind", "job", "step", "root cause", "last good"):
+        table.add_column(name, no_wrap=name in ("id", "detected (UTC)", "severity", "status"))
+    for r in frame.iter_rows(named=True):
+        style = report.SEV_STYLE.get(r["severity"], "")
+        cause = "-"
+        if r["root_cause_class"]:
+            where = " ".join(f"{k} {v}" for k, v in (("rank", r["root_rank"]), ("on", r["root_host"])) if v is not None)
+            cause = f"{r['root_cause_class']} {where}".strip()
+        table.add_row(r["id"][:ID_SHOWN], _cell(r["detected_ts"]),
+                      f"[{style}]{r['severity']}[/{style}]" if style else r["severity"], r["status"], r["kind"],
+                      escape(_cell(r["job"])), _cell(r["step"]), escape(cause), _cell(r["last_good_step"]))
+    _out.print(table)
+    _err.print(f"[dim]{frame.height} incident(s)[/dim]")
+
+
+def show_cmd(incident: Annotated[str, typer.Argument(metavar="ID", help="Incident id, or its first 4+ characters.")],
+             db: DbOpt = None,
+             as_json: Annotated[bool, typer.Option("--json", help="The incident as diagnose --json gives it, each "
+                                                                 "evidence row with its file.")] = False,
+             config: ConfigOpt = None) -> None:
+    """One incident whole: the report diagnose prints, its evidence lines with their file
+    and host, and the alerts sent about it."""
+    path = _db(db, config)
+    try:
+        with open_history(path) as (con, opened):
+            try:
+                iid = queries.find_incident(con, incident)
+            except HistoryError as e:
+                raise _fail(str(e), 1) from None
+            inc, evidence = queries.load_incident(con, iid)
+            alerts = queries.alerts_of(con, iid)
+    except HistoryError as e:
+        raise _fail(str(e)) from None
+    _err.print(f"[dim]{escape(opened.describe())}[/dim]")
+    if as_json:
+        doc = inc.to_dict()
+        for item, row in zip(doc["evidence"], evidence.iter_rows(named=True), strict=True):
+            item["file"], item["read_on"] = row["file"], row["read_on"]
+        doc["alerts"] = alerts.to_dicts()
+        _out.print_json(json.dumps(doc, default=lambda v: v.isoformat() if hasattr(v, "isoformat") else str(v)),
+                        indent=2)
+        return
+    report.render_text([inc], _out)
+    _out.print("  evidence")
+    for r in evidence.iter_rows(named=True):
+        who = f"rank {r['rank']}" if r["rank"] is not None else (r["host"] or "agent")
+        where = f"{r['file'] or 'source ' + r['source_id']}:{r['offset']}" + (f" on {r['read_on']}" if r["read_on"] else "")
+        _out.print(f"    {r['ts']:%H:%M:%S.%f}"[:-3] + f"  {escape(who):<8} {r['role']:<10} {r['kind']:<18} "
+                   f"[dim]{escape(where)}[/dim]")
+        _out.print(f"      {escape(r['line'] or '')}")
+    if not alerts.is_empty():
+        _out.print("  alerts")
+        for a in alerts.iter_rows(named=True):
+            _out.print(f"    {_cell(a['created_ts'])}  {escape(a['channel'])}: {a['action']} {a['status']}"
+                       + (f" ({a['attempts']} attempts)" if (a["attempts"] or 0) > 1 else "")
+                       + (f"  {escape(a['last_error'])}" if a["last_error"] else ""))
+
+
+def export_cmd(out: Annotated[str, typer.Argument(help="File to write (.parquet or .csv).")],
+               fmt: Annotated[str | None, typer.Option("--format", help="parquet or csv (default: from OUT's "
+                                                                       "suffix).")] = None,
+               table: Annotated[str, typer.Option("--table", help="incidents, evidence (each row with its file) "
+                                                                  "or alerts.")] = "incidents",
+               db: DbOpt = None, job: JobOpt = None, kind: KindOpt = None, severity: SeverityOpt = None,
+               status: StatusOpt = None, since: SinceOpt = None, config: ConfigOpt = None) -> None:
+    """Write incidents (or their evidence, or their alerts) to Parquet or CSV, for pandas,
+    polars, Spark or a spreadsheet. The filters are list's."""
+    fmt = fmt or ("csv" if out.endswith(".csv") else "parquet" if out.endswith(".parquet") else None)
+    if fmt not in ("parquet", "csv"):
+        raise _fail("--format: parquet or csv (OUT's suffix gives none)")
+    if table not in queries.EXPORT_TABLES:
+        raise _fail(f"--table {table}: one of {', '.join(queries.EXPORT_TABLES)}")
+    path = _db(db, config)
+    try:
+        with open_history(path) as (con, opened):
+            ids = None
+            if any((job, kind, severity, status, since)):
+                ids = _filters(con, job, kind, severity, status, since)["id"].to_list()
+            n = queries.export(con, out, fmt=fmt, table=table, ids=ids)
+    except HistoryError as e:
+        raise _fail(str(e)) from None
+    except duckdb.Error as e:
+        raise _fail(f"{out}: {str(e).splitlines()[0]}") from None
+    _err.print(f"[dim]{escape(opened.describe())}[/dim]")
+    _out.print(f"{n} {table} rows -> {escape(out)} ({fmt})")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``incidents list | show | export`` to ``app``."""
+    incidents_app.command("list")(list_cmd)
+    incidents_app.command("show")(show_cmd)
+    incidents_app.command("export")(export_cmd)
+    app.add_typer(incidents_app, name="incidents")
