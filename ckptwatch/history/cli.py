@@ -1,9 +1,10 @@
-"""Command line of the incident history: ``ckptwatch incidents list | show | export``.
+"""Command line of the incident history: ``ckptwatch incidents list | show | export | plot``.
 
     ckptwatch incidents list [--db incidents.duckdb] [--job GLOB] [--kind GLOB] [--severity S]
                              [--status open|resolved|superseded|all] [--since 2h|2026-12-01] [--json]
     ckptwatch incidents show ID [--db ...] [--json]      # ID or a prefix of it (4+ characters)
     ckptwatch incidents export OUT --format parquet|csv [--table incidents|evidence|alerts] [filters]
+    ckptwatch incidents plot ID --out FILE.png|FILE.svg|FILE.html   # the per-rank timeline
 
 They read a database at rest, or the read snapshot of one a running ``run`` / ``sink``
 writes (:mod:`ckptwatch.history.read`), and say on standard error which, and how old it is.
@@ -13,7 +14,9 @@ Exit codes: 0, 1 (``show``: no such incident), 2 (usage or input error: one line
 from __future__ import annotations
 
 import datetime as dt
+import io
 import json
+import os
 import re
 import sys
 from typing import Annotated, Any
@@ -26,6 +29,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ckptwatch import config as config_mod
+from ckptwatch.detectors.incident import Incident
 from ckptwatch.history import queries
 from ckptwatch.history.read import HistoryError, open_history
 from ckptwatch.sinks import report
@@ -206,9 +210,55 @@ def export_cmd(out: Annotated[str, typer.Argument(help="File to write (.parquet 
     _out.print(f"{n} {table} rows -> {escape(out)} ({fmt})")
 
 
+def report_text(inc: Incident) -> str:
+    """The text report of ``inc`` as ``diagnose`` prints it, without colour."""
+    buf = io.StringIO()
+    report.render_text([inc], Console(file=buf, width=160, highlight=False, color_system=None, soft_wrap=True))
+    return buf.getvalue()
+
+
+def plot_cmd(incident: Annotated[str, typer.Argument(metavar="ID", help="Incident id, or its first 4+ characters.")],
+             out: Annotated[str, typer.Option("--out", help="FILE.png, FILE.svg or FILE.html (self-contained: "
+                                                           "the picture, the report and the events).")],
+             db: DbOpt = None, config: ConfigOpt = None) -> None:
+    """Draw an incident's per-rank timeline: a lane per rank grouped by host, each save from
+    start to end or to where it was cut off, the initiating failure marked and labelled,
+    the collateral reports, host lines and the last good checkpoint."""
+    from ckptwatch.history import plot, timeline
+
+    kind = os.path.splitext(out)[1].lower().lstrip(".")
+    if kind not in ("png", "svg", "html"):
+        raise _fail(f"--out {out}: name a .png, .svg or .html file")
+    path = _db(db, config)
+    try:
+        with open_history(path) as (con, opened):
+            try:
+                iid = queries.find_incident(con, incident)
+            except HistoryError as e:
+                raise _fail(str(e), 1) from None
+            inc, _ = queries.load_incident(con, iid)
+            tl = timeline.build_timeline(con, inc)
+    except HistoryError as e:
+        raise _fail(str(e)) from None
+    _err.print(f"[dim]{escape(opened.describe())}[/dim]")
+    try:
+        if kind == "png":
+            plot.write_png(tl, out)
+        else:
+            text = plot.svg(tl) if kind == "svg" else plot.html_page(tl, report_text(inc))
+            with open(out, "w", encoding="utf-8") as f:
+                f.write(text)
+    except OSError as e:
+        raise _fail(f"{out}: {e.strerror or e}") from None
+    ranks = sum(1 for lane in tl.lanes if lane.rank is not None)
+    _out.print(f"{escape(out)}: {inc.kind} of job {escape(str(inc.job))}, {ranks} ranks on {len(tl.hosts)} host(s), "
+               f"{len(tl.bars)} save bars, {len(tl.marks)} events")
+
+
 def register(app: typer.Typer) -> None:
     """Add ``incidents list | show | export`` to ``app``."""
     incidents_app.command("list")(list_cmd)
     incidents_app.command("show")(show_cmd)
     incidents_app.command("export")(export_cmd)
+    incidents_app.command("plot")(plot_cmd)
     app.add_typer(incidents_app, name="incidents")

@@ -1,0 +1,248 @@
+"""Pictures of an incident: its per-rank timeline (:mod:`ckptwatch.history.timeline`) drawn
+with matplotlib, as PNG, SVG, or a self-contained HTML page (the SVG inline, then the
+report and the evidence; nothing fetched from the network).
+
+The picture: a lane per rank, grouped by host (a band per host, its name at the left; a
+lane of its own for the host's kernel, storage and scheduler lines), and one for the job's
+launcher; each save of a step as a bar from its start to its end (green: saved; red,
+hatched: cut off by a failure; grey: still open), the last good checkpoint's bars marked;
+the initiating event as a large red star, labelled with the root cause; collateral events
+(other ranks' reports of the same failure) as orange crosses; the rest by kind. Time is UTC.
+Lane height is fixed, so a 64-rank job is a taller picture, not a squeezed one.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import html
+import io
+from collections.abc import Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display: files only (set before pyplot loads)
+import matplotlib.dates as mdates  # noqa: E402
+import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.transforms as mtransforms  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+
+from ckptwatch.history.timeline import Lane, Timeline  # noqa: E402
+
+#: inches per lane, and around the lanes (title, axis, legend)
+LANE_IN, FRAME_IN, WIDTH_IN = 0.26, 2.4, 12.0
+#: marker per event kind of a context mark: (marker, colour, legend label)
+KIND_STYLE = {
+    "save_start": ("|", "#1b5e20", "save started"),
+    "save_end": ("|", "#1b5e20", "save finished"),
+    "process_exit": ("v", "#424242", "process exit"),
+    "agent_signal": (">", "#6a1b9a", "launcher signal"),
+    "job_signal": (">", "#ad1457", "job signal (scheduler)"),
+    "collective_timeout": ("D", "#8d6e63", "collective timeout"),
+    "collective_error": ("D", "#8d6e63", "collective error"),
+    "oom_kill": ("s", "#000000", "kernel OOM kill"),
+    "cuda_oom": ("s", "#5d4037", "CUDA OOM"),
+    "node_lost": ("s", "#b71c1c", "node lost"),
+    "storage_error": ("s", "#0d47a1", "storage error"),
+    "gpu_xid": ("s", "#4a148c", "GPU Xid"),
+    "save_error": ("x", "#c62828", "save error"),
+    "load_start": ("|", "#01579b", "load started"),
+    "load_end": ("|", "#01579b", "load finished"),
+    "load_error": ("x", "#e65100", "load error"),
+    "job_failed": ("P", "#212121", "job failed"),
+    "job_end": ("P", "#616161", "job ended"),
+    "resume": ("o", "#01579b", "resume"),
+    "integrity": ("s", "#37474f", "integrity check"),
+}
+BAR_STYLE = {"saved": ("#66bb6a", None), "cut": ("#ef5350", "///"), "open": ("#bdbdbd", None)}
+
+
+def _num(t: dt.datetime) -> float:
+    return float(mdates.date2num(t))
+
+
+def draw(tl: Timeline) -> Figure:
+    """The timeline as a matplotlib figure (close it with ``plt.close(fig)``)."""
+    inc = tl.incident
+    lanes = tl.lanes or [Lane(None, None)]
+    row = {lane: i for i, lane in enumerate(lanes)}
+    fig, ax = plt.subplots(figsize=(WIDTH_IN, FRAME_IN + LANE_IN * len(lanes)))
+    start, end = tl.start or inc.first_ts, tl.end or inc.first_ts
+    span = max((end - start).total_seconds(), 1.0)
+    pad = dt.timedelta(seconds=span * 0.04)
+    ax.set_xlim(_num(start - pad), _num(end + pad * 6))  # room at the right for the root cause's label
+    ax.set_ylim(len(lanes) - 0.5, -0.5)
+    # host bands
+    shade = False
+    for host in tl.hosts:
+        rows_of = [row[lane] for lane in lanes if lane.host == host]
+        if shade:
+            ax.axhspan(min(rows_of) - 0.5, max(rows_of) + 0.5, color="#f5f5f5", zorder=0)
+        shade = not shade
+        ax.annotate(host or "host unknown", xy=(0, (min(rows_of) + max(rows_of)) / 2),
+                    xycoords=("axes fraction", "data"), xytext=(-62, 0), textcoords="offset points", ha="right",
+                    va="center", fontsize=9, fontweight="bold", color="#37474f", annotation_clip=False)
+        if len(rows_of) > 1:  # a bracket over the host's lanes, between its name and the rank labels
+            at = ax.get_yaxis_transform() + mtransforms.ScaledTranslation(-56 / 72, 0, fig.dpi_scale_trans)
+            ax.plot([0, 0], [min(rows_of) - 0.35, max(rows_of) + 0.35], transform=at, clip_on=False,
+                    color="#90a4ae", linewidth=1.2)
+    small = len(lanes) > 24
+    ax.set_yticks(range(len(lanes)), [lane.label for lane in lanes], fontsize=6.5 if small else 8.5)
+    ax.tick_params(axis="y", length=0, pad=4)
+    # saves
+    for bar in tl.bars:
+        colour, hatch = BAR_STYLE[bar.outcome]
+        width = max(_num(bar.end) - _num(bar.start), span / 86400 / 400)
+        ax.broken_barh([(_num(bar.start), width)], (row[bar.lane] - 0.32, 0.64), facecolors=colour, hatch=hatch,
+                       edgecolor="#2e7d32" if bar.last_good else "none", linewidth=1.6 if bar.last_good else 0,
+                       zorder=2)
+    placed: list[float] = []
+    stacked = 0
+    for step, bars in _by_step(tl):
+        first = min(bars, key=lambda b: row[b.lane])
+        label = f"step {step}" + (" (last good)" if any(b.last_good for b in bars) else "")
+        x = _num(min(b.start for b in bars))
+        # a label starting within 12 % of the span of the one before goes a line higher
+        near = sum(1 for p in placed if abs(x - p) < span / 86400 * 0.12)
+        placed.append(x)
+        stacked = max(stacked, near)
+        ax.annotate(label, (x, row[first.lane] - 0.5), xytext=(0, 2 + 9 * near), textcoords="offset points",
+                    fontsize=7.5, color="#1b5e20" if "good" in label else "#424242", va="bottom",
+                    annotation_clip=False)
+    # events
+    seen: dict[str, tuple[str, str]] = {}
+    for m in tl.marks:
+        y = row[m.lane]
+        if m.role == "root_cause":
+            ax.scatter(_num(m.ts), y, marker="*", s=260, color="#d50000", edgecolor="black", linewidth=0.8, zorder=6)
+        elif m.role == "collateral":
+            ax.scatter(_num(m.ts), y, marker="X", s=60, color="#ff9800", edgecolor="black", linewidth=0.4, zorder=5)
+        else:
+            marker, colour, name = KIND_STYLE.get(m.kind, (".", "#757575", m.kind))
+            ax.scatter(_num(m.ts), y, marker=marker, s=40 if marker != "|" else 90, color=colour, zorder=4,
+                       linewidth=1.2, alpha=0.45 if m.approx else 1.0)
+            seen.setdefault(name, (marker, colour))
+    root = next((m for m in tl.marks if m.role == "root_cause"), None)
+    rc = inc.root_cause
+    if root is not None and rc is not None:
+        text = f"root cause: {rc.cls}" + (f" ({rc.signal})" if rc.signal else "") + \
+               (f"\nrank {rc.rank}" if rc.rank is not None else "") + (f" on {rc.host}" if rc.host else "")
+        ax.annotate(text, (_num(root.ts), row[root.lane]), xytext=(18, -14 if row[root.lane] > 1 else 14),
+                    textcoords="offset points", fontsize=9, fontweight="bold", color="#b71c1c",
+                    arrowprops={"arrowstyle": "-", "color": "#b71c1c", "lw": 1},
+                    bbox={"boxstyle": "round,pad=0.25", "fc": "white", "ec": "#b71c1c", "lw": 0.8}, zorder=7)
+    # axes, title, legend
+    locator = mdates.AutoDateLocator(minticks=4, maxticks=9)
+    ax.xaxis.set_major_locator(locator)
+    ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator, show_offset=True))
+    ax.set_xlabel("event time (UTC)", fontsize=8.5)
+    ax.tick_params(axis="x", labelsize=8)
+    ax.grid(axis="x", color="#e0e0e0", linewidth=0.6, zorder=1)
+    for side in ("top", "right", "left"):
+        ax.spines[side].set_visible(False)
+    step = "unknown" if inc.step is None else inc.step
+    title = f"{inc.kind} · job {inc.job} · step {step}"
+    lg = inc.last_good_checkpoint
+    sub = [f"{sum(1 for lane in lanes if lane.rank is not None)} ranks on {len(tl.hosts)} host(s)",
+           f"collateral ranks: {rank_ranges(inc.collateral) or 'none'}",
+           f"last good checkpoint: step {lg['step']}" if lg else "no good checkpoint seen"]
+    if tl.last_good_outside is not None:
+        sub[-1] += " (saved before this window)"
+    above = 14 + 9 * stacked  # points above the axes the step labels take
+    ax.set_title(title, fontsize=11.5, fontweight="bold", loc="left", pad=above + 16)
+    ax.annotate("   ·   ".join(sub) + f"   ·   id {inc.id}", xy=(0, 1), xycoords="axes fraction",
+                xytext=(0, above), textcoords="offset points", fontsize=8.5, color="#455a64", va="bottom")
+    handles = [Patch(facecolor=BAR_STYLE["saved"][0], label="save finished"),
+               Patch(facecolor=BAR_STYLE["cut"][0], hatch="///", label="save cut off"),
+               Line2D([], [], marker="*", color="#d50000", markeredgecolor="black", markersize=13, linestyle="",
+                      label="initiating failure"),
+               Line2D([], [], marker="X", color="#ff9800", markeredgecolor="black", markersize=8, linestyle="",
+                      label="collateral report")]
+    if any(b.outcome == "open" for b in tl.bars):
+        handles.insert(2, Patch(facecolor=BAR_STYLE["open"][0], label="save not ended in the logs"))
+    if any(b.last_good for b in tl.bars):
+        handles.insert(1, Patch(facecolor=BAR_STYLE["saved"][0], edgecolor="#2e7d32", linewidth=1.6,
+                                label="last good checkpoint"))
+    handles += [Line2D([], [], marker=mk, color=c, linestyle="", markersize=7, label=name)
+                for name, (mk, c) in seen.items() if not name.startswith("save ")]
+    if any(m.approx and m.role == "context" for m in tl.marks):
+        handles.append(Line2D([], [], marker="o", color="#757575", alpha=0.45, linestyle="", markersize=7,
+                              label="faded: time inherited from an earlier line"))
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.9 / (FRAME_IN + LANE_IN * len(lanes))),
+              ncol=min(len(handles), 5), fontsize=8, frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def rank_ranges(ranks: Sequence[int]) -> str:
+    """``[0, 1, 2, 3, 5, 7, 8]`` -> ``0-3, 5, 7-8``."""
+    out: list[str] = []
+    for r in sorted(set(ranks)):
+        if out and r == int(out[-1].rsplit("-", 1)[-1]) + 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{r}"
+        else:
+            out.append(str(r))
+    return ", ".join(out)
+
+
+def _by_step(tl: Timeline) -> list[tuple[int | None, list]]:
+    out: dict[int | None, list] = {}
+    for b in tl.bars:
+        out.setdefault(b.step, []).append(b)
+    return sorted(out.items(), key=lambda kv: min(b.start for b in kv[1]))
+
+
+def write_png(tl: Timeline, path: str, *, dpi: int = 130) -> None:
+    """The picture as a PNG file. Raises OSError when the file cannot be written."""
+    fig = draw(tl)
+    try:
+        fig.savefig(path, format="png", dpi=dpi, bbox_inches="tight")
+    finally:
+        plt.close(fig)
+
+
+def svg(tl: Timeline) -> str:
+    """The picture as an SVG document (text; fonts drawn as paths: no font is fetched)."""
+    fig = draw(tl)
+    buf = io.StringIO()
+    try:
+        with matplotlib.rc_context({"svg.fonttype": "path"}):
+            fig.savefig(buf, format="svg", bbox_inches="tight")
+    finally:
+        plt.close(fig)
+    text = buf.getvalue()
+    return text[text.index("<svg"):]  # inline: without the XML prolog and doctype
+
+
+def html_page(tl: Timeline, report_text: str, *, title: str | None = None, extra: Sequence[str] = ()) -> str:
+    """A self-contained HTML page: the SVG timeline, the report (preformatted) and a table
+    of the drawn events (time, lane, role, kind, file, line). No script, no stylesheet or
+    font from the network."""
+    inc = tl.incident
+    rows = "\n".join(
+        f"<tr class=\"{m.role}\"><td>{m.ts:%H:%M:%S.%f}</td><td>{html.escape(m.lane.label)}</td>"
+        f"<td>{m.role}</td><td>{m.kind}</td><td>{html.escape(m.file or '')}</td>"
+        f"<td><code>{html.escape(m.line[:300])}</code></td></tr>" for m in tl.marks)
+    name = html.escape(title or f"{inc.kind} · {inc.job} · step {inc.step}")
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>{name}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 1.5rem; color: #212121; }}
+pre {{ background: #fafafa; border: 1px solid #e0e0e0; padding: .75rem; overflow-x: auto; font-size: .8rem; }}
+table {{ border-collapse: collapse; font-size: .78rem; }} td, th {{ padding: .15rem .5rem; text-align: left; }}
+tr.root_cause {{ background: #ffebee; font-weight: 600; }} tr.collateral {{ background: #fff3e0; }}
+svg {{ max-width: 100%; height: auto; }}
+</style></head><body>
+<h1 style="font-size:1.2rem">{name}</h1>
+{svg(tl)}
+{''.join(extra)}
+<h2 style="font-size:1rem">Report</h2>
+<pre>{html.escape(report_text)}</pre>
+<h2 style="font-size:1rem">Events drawn</h2>
+<table><tr><th>time (UTC)</th><th>lane</th><th>role</th><th>kind</th><th>file</th><th>line</th></tr>
+{rows}
+</table>
+</body></html>
+"""
+
