@@ -19,16 +19,13 @@ import io
 from collections.abc import Sequence
 
 import matplotlib
+import matplotlib.dates as mdates
+import matplotlib.transforms as mtransforms
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
 
-matplotlib.use("Agg")  # no display: files only (set before pyplot loads)
-import matplotlib.dates as mdates  # noqa: E402
-import matplotlib.pyplot as plt  # noqa: E402
-import matplotlib.transforms as mtransforms  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.lines import Line2D  # noqa: E402
-from matplotlib.patches import Patch  # noqa: E402
-
-from ckptwatch.history.timeline import Lane, Timeline  # noqa: E402
+from ckptwatch.history.timeline import Lane, Timeline
 
 #: inches per lane, and around the lanes (title, axis, legend)
 LANE_IN, FRAME_IN, WIDTH_IN = 0.26, 2.4, 12.0
@@ -63,11 +60,14 @@ def _num(t: dt.datetime) -> float:
 
 
 def draw(tl: Timeline) -> Figure:
-    """The timeline as a matplotlib figure (close it with ``plt.close(fig)``)."""
+    """The timeline as a matplotlib figure. Made without pyplot (no backend chosen, nothing
+    to close): saved by :func:`write_png` / :func:`svg`, shown in a notebook with
+    ``display(fig)``."""
     inc = tl.incident
     lanes = tl.lanes or [Lane(None, None)]
     row = {lane: i for i, lane in enumerate(lanes)}
-    fig, ax = plt.subplots(figsize=(WIDTH_IN, FRAME_IN + LANE_IN * len(lanes)))
+    fig = Figure(figsize=(WIDTH_IN, FRAME_IN + LANE_IN * len(lanes)))
+    ax = fig.subplots()
     start, end = tl.start or inc.first_ts, tl.end or inc.first_ts
     span = max((end - start).total_seconds(), 1.0)
     pad = dt.timedelta(seconds=span * 0.04)
@@ -195,22 +195,14 @@ def _by_step(tl: Timeline) -> list[tuple[int | None, list]]:
 
 def write_png(tl: Timeline, path: str, *, dpi: int = 130) -> None:
     """The picture as a PNG file. Raises OSError when the file cannot be written."""
-    fig = draw(tl)
-    try:
-        fig.savefig(path, format="png", dpi=dpi, bbox_inches="tight")
-    finally:
-        plt.close(fig)
+    draw(tl).savefig(path, format="png", dpi=dpi, bbox_inches="tight")
 
 
 def svg(tl: Timeline) -> str:
     """The picture as an SVG document (text; fonts drawn as paths: no font is fetched)."""
-    fig = draw(tl)
     buf = io.StringIO()
-    try:
-        with matplotlib.rc_context({"svg.fonttype": "path"}):
-            fig.savefig(buf, format="svg", bbox_inches="tight")
-    finally:
-        plt.close(fig)
+    with matplotlib.rc_context({"svg.fonttype": "path"}):
+        draw(tl).savefig(buf, format="svg", bbox_inches="tight")
     text = buf.getvalue()
     return text[text.index("<svg"):]  # inline: without the XML prolog and doctype
 
