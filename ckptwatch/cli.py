@@ -46,6 +46,7 @@ from ckptwatch.ingest import timestamps
 from ckptwatch.ingest.layout import TemplateError, compile_template
 from ckptwatch.ingest.prefix import LinePrefixError, compile_line_prefix
 from ckptwatch.history.cli import register as register_history
+from ckptwatch.ui.cli import register as register_ui
 from ckptwatch.integrity.cli import register as register_integrity
 from ckptwatch.simulate_cli import register as register_simulate
 from ckptwatch.pipeline import PipelineOptions, diagnose
@@ -70,7 +71,8 @@ silence_app = typer.Typer(no_args_is_help=True, help="Silences: mute alerts by j
 app.add_typer(silence_app, name="silence")
 register_integrity(app)  # manifest, verify
 register_simulate(app)  # simulate
-register_history(app)  # incidents list | show | export
+register_history(app)  # incidents list | show | export | plot
+register_ui(app)  # ui
 
 
 def _version(value: bool) -> None:
@@ -118,6 +120,11 @@ UntilIdleOpt = Annotated[float | None, typer.Option("--until-idle", min=0, help=
 MetricsPortOpt = Annotated[int | None, typer.Option("--metrics-port", help="Serve Prometheus metrics at "
                                                      "http://ADDRESS:PORT/metrics (e.g. 9464; default 0: off; "
                                                      "also the config's metrics.port).")]
+UiOpt = Annotated[int | None, typer.Option("--ui", metavar="PORT", help="Serve the web console on this port "
+                                           "(e.g. 8470; 0: any free one) while running; it reads the read "
+                                           "snapshots.")]
+UiAddressOpt = Annotated[str, typer.Option("--ui-address", help="Address the console listens on (default "
+                                           "127.0.0.1: this machine only).")]
 MetricsAddressOpt = Annotated[str | None, typer.Option("--metrics-address", help="Address the metrics endpoint "
                                                         "listens on (default 127.0.0.1; 0.0.0.0: every interface).")]
 
@@ -251,6 +258,8 @@ def run_cmd(
     metrics_address: MetricsAddressOpt = None,
     checkpoint_root: CheckpointRootOpt = None,
     retention_days: RetentionOpt = None,
+    ui: UiOpt = None,
+    ui_address: UiAddressOpt = "127.0.0.1",
 ) -> None:
     """Tail a directory of logs and write events and incidents to DuckDB.
 
@@ -283,6 +292,7 @@ def run_cmd(
         with _stopped_quietly():
             store = _open_store(db, cfg)
             store.wait_for_space = not once  # as in the embedded run
+            _start_console(ctx, cfg, db, ui, ui_address)
             try:
                 built = _build(lambda: alerter(store, metrics))
                 res = _serve(lambda: launch.run_all(cfg, options, store, once=once, until_idle=until_idle, say=_say,
@@ -317,6 +327,11 @@ def run_cmd(
     runner.store.wait_for_space = not once
     if cfg.sink.snapshot_every > 0:  # readers read it while this run writes (ckptwatch.sinks.snapshot)
         runner.store.publish_snapshots(cfg.sink.snapshot_every)
+    try:
+        _start_console(ctx, cfg, db, ui, ui_address)
+    except typer.Exit:
+        runner.close()
+        raise
     stopped = False
     try:
         runner.run(once=once, interval=interval, until_idle=until_idle)
@@ -397,6 +412,26 @@ def _start_metrics(ctx: typer.Context, cfg: Config) -> Metrics:
         ctx.call_on_close(server.close)
         _info(f"metrics: {server.url}")
     return metrics
+
+
+def _start_console(ctx: typer.Context, cfg: Config, db: str, port: int | None, address: str) -> None:
+    """With ``--ui PORT``: the web console over this process's read snapshots, served until
+    the command of ``ctx`` ends. Needs snapshots (``[sink] snapshot_every`` > 0); a port that
+    cannot be bound is a one-line error."""
+    if port is None:
+        return
+    if cfg.sink.snapshot_every <= 0:
+        raise _fail("--ui reads the read snapshots this process publishes: set [sink] snapshot_every > 0")
+    from ckptwatch.ui.app import create_app
+    from ckptwatch.ui.server import ConsoleServer
+
+    try:
+        server = ConsoleServer(create_app(db, snapshot_only=True), address, port).start()
+    except OSError as e:
+        hint = " (choose another --ui port)" if e.errno == errno.EADDRINUSE else ""
+        raise _fail(f"--ui: cannot listen on {address}:{port}: {e.strerror or e}{hint}") from None
+    ctx.call_on_close(server.close)
+    _info(f"console: {server.url}")
 
 
 def _info(msg: str) -> None:
@@ -565,6 +600,8 @@ def sink_cmd(
     metrics_port: MetricsPortOpt = None,
     metrics_address: MetricsAddressOpt = None,
     retention_days: RetentionOpt = None,
+    ui: UiOpt = None,
+    ui_address: UiAddressOpt = "127.0.0.1",
 ) -> None:
     """Fleet sink: events and incidents from Kafka into DuckDB."""
     from ckptwatch.services import launch
@@ -577,6 +614,7 @@ def sink_cmd(
     with _stopped_quietly():
         store = _open_store(cfg.sink.db, cfg)
         try:
+            _start_console(ctx, cfg, cfg.sink.db, ui, ui_address)
             _info(f"sink: group {cfg.sink.group}, {cfg.kafka.events_topic} + {cfg.kafka.incidents_topic} at "
                   f"{cfg.kafka.bootstrap_servers} -> {cfg.sink.db}")
             alerter = _build(lambda: _alerter(cfg, cfg.sink.db)(store, metrics))

@@ -15,7 +15,7 @@ COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 
 
 def test_services_of_the_fleet():
-    assert set(COMPOSE["services"]) == {"kafka", "collector", "detector", "sink", "prometheus"}
+    assert set(COMPOSE["services"]) == {"kafka", "collector", "detector", "sink", "prometheus", "grafana"}
     assert COMPOSE["services"]["kafka"]["image"].startswith("apache/kafka:4.")
     assert COMPOSE["services"]["detector"]["deploy"]["replicas"] == 2  # one consumer group, two members
     assert (ROOT / "Dockerfile").exists()
@@ -48,3 +48,30 @@ def test_mounted_files_exist():
             src = vol.split(":")[0]
             if src.startswith("./") and not src.startswith("./data"):
                 assert (ROOT / src).exists(), src
+
+
+def test_the_grafana_dashboard_queries_metrics_ckptwatch_exports():
+    """Every metric a panel's PromQL names is one the code exports (counters with their
+    _total, as the exposition names them), through the datasource the provisioning defines; the stack mounts both."""
+    import json
+    import re
+
+    from prometheus_client import generate_latest
+
+    from ckptwatch.sinks.metrics import Metrics
+
+    dashboard = json.loads((ROOT / "deploy" / "grafana" / "dashboards" / "ckptwatch.json").read_text())
+    datasource = yaml.safe_load((ROOT / "deploy" / "grafana" / "provisioning" / "datasources" / "prometheus.yml")
+                                .read_text())["datasources"][0]
+    names = set(re.findall(r"^# TYPE (\S+) ", generate_latest(Metrics().registry).decode(), re.M))  # counters: *_total
+    used = set()
+    for panel in dashboard["panels"]:
+        assert panel["datasource"]["uid"] == datasource["uid"]
+        for target in panel["targets"]:
+            used |= set(re.findall(r"ckptwatch_[a-z_]+", target["expr"]))
+    assert used and used <= names, used - names
+    assert len(used) >= 10  # incidents, lines, events, skips, lags, open saves, alerts
+    assert datasource["url"] == "http://prometheus:9090" and "prometheus" in COMPOSE["services"]
+    mounts = COMPOSE["services"]["grafana"]["volumes"]
+    assert "./deploy/grafana/dashboards:/var/lib/grafana/dashboards:ro" in mounts
+    assert "./deploy/grafana/provisioning:/etc/grafana/provisioning:ro" in mounts

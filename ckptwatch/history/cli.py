@@ -63,10 +63,9 @@ def _fail(msg: str, code: int = 2) -> typer.Exit:
     return typer.Exit(code)
 
 
-def _since(text: str | None, now: dt.datetime | None = None) -> dt.datetime | None:
-    """``--since``: a duration back from now, or an ISO date/time (UTC when it names no zone)."""
-    if not text:
-        return None
+def parse_since(text: str, now: dt.datetime | None = None) -> dt.datetime:
+    """``--since``: a duration back from ``now`` (``30m``, ``2h``, ``7d``, ``1h30m``) or an ISO
+    date or time (UTC when it names no zone). Raises ValueError naming the text."""
     now = now or dt.datetime.now(dt.timezone.utc)
     parts = re.findall(r"(\d+(?:\.\d+)?)([smhdw])", text.strip())
     if parts and "".join(n + u for n, u in parts) == text.strip():
@@ -74,8 +73,17 @@ def _since(text: str | None, now: dt.datetime | None = None) -> dt.datetime | No
     try:
         t = dt.datetime.fromisoformat(text.strip())
     except ValueError:
-        raise _fail(f"--since {text}: not a duration (30m, 2h, 7d) or a date (2026-12-01, 2026-12-01T08:00)") from None
+        raise ValueError(f"since {text}: not a duration (30m, 2h, 7d) or a date (2026-12-01, 2026-12-01T08:00)") from None
     return t.replace(tzinfo=dt.timezone.utc) if t.tzinfo is None else t.astimezone(dt.timezone.utc)
+
+
+def _since(text: str | None) -> dt.datetime | None:
+    if not text:
+        return None
+    try:
+        return parse_since(text)
+    except ValueError as e:
+        raise _fail(f"--{e}") from None
 
 
 def _db(db: str | None, config: str | None) -> str:

@@ -176,14 +176,14 @@ def draw(tl: Timeline) -> Figure:
 
 
 def rank_ranges(ranks: Sequence[int]) -> str:
-    """``[0, 1, 2, 3, 5, 7, 8]`` -> ``0-3, 5, 7-8``."""
-    out: list[str] = []
+    """``[0, 1, 2, 3, 5, 7, 8]`` -> ``0-3, 5, 7, 8`` (a run of three or more as a range)."""
+    runs: list[list[int]] = []
     for r in sorted(set(ranks)):
-        if out and r == int(out[-1].rsplit("-", 1)[-1]) + 1:
-            out[-1] = f"{out[-1].split('-')[0]}-{r}"
+        if runs and r == runs[-1][-1] + 1:
+            runs[-1].append(r)
         else:
-            out.append(str(r))
-    return ", ".join(out)
+            runs.append([r])
+    return ", ".join(f"{run[0]}-{run[-1]}" if len(run) > 2 else ", ".join(map(str, run)) for run in runs)
 
 
 def _by_step(tl: Timeline) -> list[tuple[int | None, list]]:

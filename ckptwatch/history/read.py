@@ -57,14 +57,28 @@ def _locked(e: duckdb.Error) -> bool:
 
 
 @contextlib.contextmanager
-def open_history(database: str) -> Iterator[tuple[duckdb.DuckDBPyConnection, Opened]]:
+def open_history(database: str, *, snapshot_only: bool = False) -> Iterator[tuple[duckdb.DuckDBPyConnection, Opened]]:
     """A read-only connection to the history of ``database`` (a path given to ``run --db``
     or ``sink --db``), and what was opened; closed on exit. The database itself when no
     process writes it, else its read snapshot. A snapshot path may be given directly.
+    ``snapshot_only``: the snapshot and never the database (the writing process itself
+    reading its own history: the web console of ``run --ui``).
 
     Raises :class:`HistoryError`: no such database; written by a process that publishes no
     snapshot; not a DuckDB file."""
     snap = snapshot_path(database)
+    if snapshot_only:
+        if not os.path.exists(snap):
+            raise HistoryError(f"{snap}: no read snapshot yet (the first is published within seconds of the start)")
+        try:
+            con = _attach(snap)
+        except duckdb.Error as e:
+            raise HistoryError(f"{snap}: cannot read the snapshot ({str(e).splitlines()[0]})") from None
+        try:
+            yield con, Opened(database, snap, True, _taken(con))
+        finally:
+            con.close()
+        return
     if not os.path.exists(database):
         if os.path.exists(snap):
             why = f"{database} does not exist, but its read snapshot does: its writer made none yet?"

@@ -101,22 +101,23 @@ def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: list) -> list[dict]:
     return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
 
 
-def build_timeline(con: duckdb.DuckDBPyConnection, inc: Incident) -> Timeline:
+def build_timeline(con: duckdb.DuckDBPyConnection | None, inc: Incident) -> Timeline:
     """The timeline of ``inc`` (loaded with its evidence, e.g. by
-    :func:`~ckptwatch.history.queries.load_incident`) from the database ``con`` reads."""
+    :func:`~ckptwatch.history.queries.load_incident`) from the database ``con`` reads; with
+    ``con`` None (an incident ``diagnose`` just found, stored nowhere), from its evidence alone."""
     tl = Timeline(inc)
     evidence = {(e.source_id, e.offset): e for e in inc.evidence}
     times = [e.ts for e in inc.evidence] or [inc.first_ts]
     lo, hi = min(times) - dt.timedelta(seconds=MARGIN_S), max(times) + dt.timedelta(seconds=MARGIN_S)
     rows: list[dict] = []
-    if inc.job is not None and has_table(con, "events"):
+    if con is not None and inc.job is not None and has_table(con, "events"):
         lg = (inc.last_good_checkpoint or {}).get("step")
         rows = _rows(con, "SELECT ts, ts_source, host, rank, kind, step, line, source_id, \"offset\", dedup_key "
                           "FROM events WHERE job = ? AND kind <> 'metric' AND ((ts BETWEEN ? AND ?) OR (kind IN "
                           "('save_start', 'save_end') AND step = ? AND ts BETWEEN ? AND ?)) ORDER BY ts",
                      [inc.job, lo, hi, lg, lo - dt.timedelta(seconds=LAST_GOOD_WITHIN_S), hi])
     files = {}
-    if has_table(con, "sources"):
+    if con is not None and has_table(con, "sources"):
         files = dict(con.execute("SELECT source_id, file FROM sources").fetchall())
     # one row per event: evidence rows win (they carry the detector's rank and role); the
     # same line read twice (a --tee console and a rank file) once
@@ -146,7 +147,7 @@ def build_timeline(con: duckdb.DuckDBPyConnection, inc: Incident) -> Timeline:
         rank_hosts.setdefault(r, Counter())
     host_of = {r: (c.most_common(1)[0][0] if c and c.most_common(1)[0][1] else None) for r, c in rank_hosts.items()}
     hosts = sorted({h for h in host_of.values() if h is not None})
-    if hosts and has_table(con, "events"):
+    if con is not None and hosts and has_table(con, "events"):
         for r in _rows(con, "SELECT ts, ts_source, host, rank, kind, step, line, source_id, \"offset\", "
                             "dedup_key FROM events WHERE job IS NULL AND list_contains(?, host) AND ts BETWEEN ? AND ? ORDER BY ts",
                        [hosts, lo, hi]):

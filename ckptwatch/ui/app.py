@@ -1,0 +1,162 @@
+"""The local web console (Flask): the incident list with filters, updated live; an incident
+page (timeline, report, evidence with files, alerts); and "diagnose a log", where pasted
+text or dropped files are read by this process as ``ckptwatch diagnose`` reads them.
+
+Every page is self-contained: styles and scripts inline, pictures inline SVG, nothing
+fetched from the network. Reads go through :func:`ckptwatch.history.read.open_history`,
+per request: the database at rest, or the read snapshot of the process writing it (the
+console of ``run --ui`` / ``sink --ui`` reads its own process's snapshot only).
+
+JSON API (for the pages' scripts, and scripts of yours):
+
+* ``GET /api/incidents?job=&kind=&severity=&status=&since=`` -> ``{"source", "count",
+  "incidents": [list columns], "rows_html"}``; 400 ``{"error"}`` for a bad filter, 503
+  ``{"error"}`` when the history cannot be read.
+* ``POST /api/diagnose`` (multipart: ``text`` and/or ``files``) -> ``{"incidents":
+  [diagnose --json incidents], "report", "read", "refused", "html"}``; 400 ``{"error",
+  "html"}`` when nothing can be read; 413 above :data:`~ckptwatch.ui.diagnose.MAX_UPLOAD`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from flask import Flask, abort, jsonify, render_template, request
+
+from ckptwatch.detectors.incident import DEFAULT_SEVERITY, SEVERITIES, STATUSES
+from ckptwatch.history import queries, timeline
+from ckptwatch.history.cli import parse_since, report_text
+from ckptwatch.history.plot import svg
+from ckptwatch.history.read import HistoryError, open_history
+from ckptwatch.ui.diagnose import MAX_UPLOAD, Upload, UploadError, run_diagnosis
+
+#: how often the list page asks for the list again (ms)
+REFRESH_MS = 2000
+
+
+def _when(value: Any) -> str:
+    if isinstance(value, dt.datetime):
+        return f"{value.astimezone(dt.timezone.utc):%Y-%m-%d %H:%M:%S}"
+    return "-" if value is None else str(value)
+
+
+def _since(text: str) -> dt.datetime:
+    return parse_since(text)  # ValueError for a bad one: the page says it
+
+
+def create_app(database: str, *, snapshot_only: bool = False) -> Flask:
+    """The console over the history of ``database`` (the file ``run``/``sink`` write).
+    ``snapshot_only``: read only its read snapshot (the console runs in the writer)."""
+    app = Flask(__name__)
+    app.config["MAX_CONTENT_LENGTH"] = MAX_UPLOAD + (1 << 20)  # the form's own bytes on top
+
+    def history():  # noqa: ANN202
+        return open_history(database, snapshot_only=snapshot_only)
+
+    def common(page: str) -> dict[str, Any]:
+        return {"page": page, "database": database}
+
+    def listing() -> tuple[list[dict[str, Any]], str]:
+        args = request.args
+        since = args.get("since") or None
+        with history() as (con, opened):
+            frame = queries.list_incidents(con, job=args.get("job") or None, kind=args.get("kind") or None,
+                                           min_severity=args.get("severity") or None,
+                                           status=args.get("status") or None,
+                                           since=_since(since) if since else None)
+        rows = []
+        for r in frame.iter_rows(named=True):
+            cause = "-"
+            if r["root_cause_class"]:
+                cause = r["root_cause_class"] + (f" rank {r['root_rank']}" if r["root_rank"] is not None else "") + \
+                    (f" on {r['root_host']}" if r["root_host"] else "")
+            rows.append({**r, "detected": _when(r["detected_ts"]), "cause": cause})
+        return rows, opened.describe()
+
+    @app.get("/")
+    def incident_list():  # noqa: ANN202
+        error, rows, source = None, [], ""
+        try:
+            rows, source = listing()
+        except (HistoryError, ValueError) as e:
+            error = str(e)
+        return render_template("list.html", rows=rows, source=source, error=error, f=request.args,
+                               kinds=list(DEFAULT_SEVERITY), severities=SEVERITIES, statuses=(*STATUSES, "all"),
+                               refresh_ms=REFRESH_MS, **common("list"))
+
+    @app.get("/api/incidents")
+    def api_incidents():  # noqa: ANN202
+        try:
+            rows, source = listing()
+        except ValueError as e:
+            return jsonify(error=str(e)), 400
+        except HistoryError as e:
+            return jsonify(error=str(e)), 503
+        html = "".join(render_template("row.html", r=r) for r in rows)
+        plain = [{k: (v.isoformat() if isinstance(v, dt.datetime) else v) for k, v in r.items()} for r in rows]
+        return jsonify(source=source, count=len(rows), incidents=plain, rows_html=html)
+
+    @app.get("/incidents/<incident_id>")
+    def incident_page(incident_id: str):  # noqa: ANN202
+        try:
+            with history() as (con, opened):
+                try:
+                    iid = queries.find_incident(con, incident_id)
+                except HistoryError:
+                    abort(404)
+                inc, evidence = queries.load_incident(con, iid)
+                alerts = queries.alerts_of(con, iid)
+                picture = svg(timeline.build_timeline(con, inc))
+        except HistoryError as e:
+            return render_template("list.html", rows=[], source="", error=str(e), f={}, kinds=[], severities=[],
+                                   statuses=[], refresh_ms=REFRESH_MS, **common("list")), 503
+        ev = [{**e, "ts": f"{e['ts']:%H:%M:%S.%f}"[:-3]} for e in evidence.iter_rows(named=True)]
+        al = [{**a, "created": _when(a["created_ts"])} for a in alerts.iter_rows(named=True)]
+        return render_template("incident.html", inc=inc, svg=picture, report=report_text(inc), evidence=ev,
+                               alerts=al, source=opened.describe(), **common("list"))
+
+    def uploads() -> list[Upload]:
+        out = []
+        text = request.form.get("text", "")
+        if text.strip():
+            out.append(Upload("pasted.log", text.encode()))
+        for f in request.files.getlist("files"):
+            if f.filename:
+                out.append(Upload(f.filename, f.read()))
+        return out
+
+    def diagnosis_view() -> tuple[dict[str, Any], int]:
+        try:
+            d = run_diagnosis(uploads())
+        except UploadError as e:
+            return {"error": str(e), "html": render_template("diagnosis.html", error=str(e), d=None)}, 400
+        html = render_template("diagnosis.html", error=None, d=d)
+        return {"incidents": [i.to_dict() for i in d.incidents], "report": d.report, "read": d.read,
+                "refused": d.refused, "html": html}, 200
+
+    @app.route("/diagnose", methods=["GET", "POST"])
+    def diagnose_page():  # noqa: ANN202  (the form without a script posts here)
+        if request.method == "GET":
+            return render_template("diagnose.html", d=None, error=None, text="", max_mib=MAX_UPLOAD >> 20, max_bytes=MAX_UPLOAD,
+                                   **common("diagnose"))
+        doc, code = diagnosis_view()
+        return render_template("diagnose.html", d=None, error=None, text=request.form.get("text", ""),
+                               max_mib=MAX_UPLOAD >> 20, max_bytes=MAX_UPLOAD, **common("diagnose")).replace(
+            '<div id="result">', '<div id="result">' + doc["html"], 1), code
+
+    @app.post("/api/diagnose")
+    def api_diagnose():  # noqa: ANN202
+        doc, code = diagnosis_view()
+        return jsonify(doc), code
+
+    @app.errorhandler(413)
+    def too_large(_e: Exception):  # noqa: ANN202
+        msg = (f"upload too large: at most {MAX_UPLOAD >> 20} MiB here; for bigger logs run ckptwatch diagnose on them")
+        if request.path.startswith("/api/"):
+            return jsonify(error=msg, html=render_template("diagnosis.html", error=msg, d=None)), 413
+        return render_template("diagnose.html", d=None, error=None, text="", max_mib=MAX_UPLOAD >> 20, max_bytes=MAX_UPLOAD,
+                               **common("diagnose")).replace(
+            '<div id="result">', '<div id="result">' + render_template("diagnosis.html", error=msg, d=None), 1), 413
+
+    return app

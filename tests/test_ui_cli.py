@@ -1,0 +1,53 @@
+"""`ckptwatch ui` alone over a database at rest (an old one: schema version 1): the pages
+and the JSON API over real HTTP on loopback."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+V1 = Path(__file__).parent / "fixtures" / "history" / "schema-v1.duckdb.gz"
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_ui_serves_a_database_at_rest(tmp_path):
+    db = tmp_path / "old.duckdb"
+    with gzip.open(V1) as src, open(db, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    proc = subprocess.Popen([sys.executable, "-m", "ckptwatch", "ui", "--db", str(db), "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        url = re.match(r"console: (http://127\.0\.0\.1:\d+/)", line).group(1)
+        status, page = get(url)
+        assert status == 200 and page.count("<tr data-id=") == 6 and "(at rest)" in page
+        status, body = get(url + "api/incidents?kind=interrupted_save&severity=critical")
+        doc = json.loads(body)
+        assert status == 200 and doc["count"] == 2
+        assert {(i["job"], i["cause"]) for i in doc["incidents"]} == {
+            ("job-0201-sigkill", "signal rank 2 on vm"), ("job-0301-timeout", "collective_timeout rank 1 on vm")}
+        sigkill = next(i["id"] for i in doc["incidents"] if i["job"] == "job-0201-sigkill")
+        status, page = get(url + f"incidents/{sigkill[:8]}")
+        assert status == 200 and "<svg" in page and "/tmp/fx/logs/02-sigkill-mid-save/logs/attempt-1-train/console.log:63008" in page
+        assert get(url + "incidents/ffffffff")[0] == 404
+        status, body = get(url + "api/incidents?since=yesterday")
+        assert status == 400 and json.loads(body)["error"].startswith("since yesterday: not a duration")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and "Traceback" not in err, err
