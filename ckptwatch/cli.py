@@ -709,7 +709,7 @@ def _silence_file(config: str | None, db: str | None, file: str | None) -> tuple
     return SilenceFile(file or silences_path(cfg.alerts, cfg.sink.db)), _build(lambda: parse_silences(cfg.alerts.silences))
 
 
-SilenceDbOpt = Annotated[str | None, typer.Option("--db", help="The pipeline's DuckDB file (default: [sink] db, "
+SilenceDbOpt = Annotated[str | None, typer.Option("--db", help="The pipeline's DuckDB file (default: the config's sink.db, "
                                                    "incidents.duckdb); silences live in DB.silences.json.")]
 SilenceFileOpt = Annotated[str | None, typer.Option("--file", help="The silence file itself (overrides --db).")]
 

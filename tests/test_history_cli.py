@@ -98,6 +98,7 @@ def test_an_id_prefix_two_incidents_share_is_refused():
     con = duckdb.connect()
     con.execute("CREATE TABLE incidents AS SELECT * FROM (VALUES ('abcd1111'), ('abcd2222'), ('abce3333')) t(id)")
     assert find_incident(con, "abce") == "abce3333" and find_incident(con, "abcd2222") == "abcd2222"
+    assert find_incident(con, "ABCE") == "abce3333"  # pasted in capitals
     with pytest.raises(HistoryError, match=r"^incident abcd: several ids start so \(abcd1111, abcd2222\): give more of it$"):
         find_incident(con, "abcd")
 
@@ -122,6 +123,7 @@ def test_export_parquet_and_csv(v1_db, tmp_path):
 
 @pytest.mark.parametrize(("args", "message"), [
     (["list", "--since", "yesterday"], "error: --since yesterday: not a duration (30m, 2h, 7d) or a date"),
+    (["list", "--since", "99999999d"], "error: --since 99999999d: reaches back before the year 1"),
     (["list", "--severity", "loud"], "error: --severity 'loud': one of info, warning, error, critical"),
     (["list", "--status", "closed"], "error: --status 'closed': one of open, resolved, superseded, or all"),
     (["export", "x.txt"], "error: --format: parquet or csv (OUT's suffix gives none)"),

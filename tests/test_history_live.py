@@ -137,13 +137,19 @@ def test_a_writer_without_snapshots_is_named_in_one_line(tmp_path):
         assert writer.stdout.readline().strip() == "holding"
         with pytest.raises(HistoryError) as caught, open_history(str(db)):
             pass
-        assert str(caught.value) == (f"{db} is being written by another process, which publishes no read snapshot "
-                                     f"({tmp_path / 'w.snapshot.duckdb'}): start it with [sink] snapshot_every > 0 "
-                                     "(the default, 2 s)")
+        assert str(caught.value) == (f"{db} is being written by another process, and it has published no read "
+                                     f"snapshot ({tmp_path / 'w.snapshot.duckdb'}) yet: a ckptwatch run or sink "
+                                     "publishes its first within seconds of its start, unless [sink] snapshot_every = 0")
     finally:
         writer.kill()
         writer.wait()
     with pytest.raises(HistoryError, match=r"nope\.duckdb: no such database"), open_history(str(tmp_path / "nope.duckdb")):
+        pass
+    other = duckdb.connect(str(tmp_path / "other.duckdb"))  # a DuckDB file of something else
+    other.execute("CREATE TABLE t AS SELECT 1 AS x")
+    other.close()
+    with pytest.raises(HistoryError, match=r"other\.duckdb: a DuckDB database, but not a ckptwatch one"), \
+            open_history(str(tmp_path / "other.duckdb")):
         pass
     (tmp_path / "text.duckdb").write_text("not a database\n")
     with pytest.raises(HistoryError, match=r"text\.duckdb: not a ckptwatch database"), \

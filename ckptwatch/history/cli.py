@@ -41,8 +41,8 @@ _err = Console(stderr=True, highlight=False, soft_wrap=True)
 incidents_app = typer.Typer(no_args_is_help=True, help="Incident history: list, show and export past incidents "
                                                        "(also while run or sink writes the database).")
 
-DbOpt = Annotated[str | None, typer.Option("--db", help="The DuckDB file run/sink write (default: [sink] db of "
-                                                       "the config, incidents.duckdb).")]
+DbOpt = Annotated[str | None, typer.Option("--db", help="The DuckDB file run/sink write (default: the config's "
+                                                       "sink.db, incidents.duckdb).")]
 ConfigOpt = Annotated[str | None, typer.Option("--config", help="TOML config file (default $CKPTWATCH_CONFIG).")]
 JobOpt = Annotated[str | None, typer.Option("--job", help="Job name or glob, e.g. 'llama-*'.")]
 KindOpt = Annotated[str | None, typer.Option("--kind", help="Incident kind or glob, e.g. interrupted_save.")]
@@ -69,7 +69,10 @@ def parse_since(text: str, now: dt.datetime | None = None) -> dt.datetime:
     now = now or dt.datetime.now(dt.timezone.utc)
     parts = re.findall(r"(\d+(?:\.\d+)?)([smhdw])", text.strip())
     if parts and "".join(n + u for n, u in parts) == text.strip():
-        return now - dt.timedelta(seconds=sum(float(n) * _UNITS[u] for n, u in parts))
+        try:
+            return now - dt.timedelta(seconds=sum(float(n) * _UNITS[u] for n, u in parts))
+        except OverflowError:  # 99999999d: before year 1
+            raise ValueError(f"since {text}: reaches back before the year 1") from None
     try:
         t = dt.datetime.fromisoformat(text.strip())
     except ValueError:

@@ -114,29 +114,32 @@ def draw(tl: Timeline) -> Figure:
     seen: dict[str, tuple[str, str]] = {}
     for m in tl.marks:
         y = row[m.lane]
+        faded = 0.45 if m.approx else 1.0  # a time inherited from an earlier line
         if m.role == "root_cause":
-            ax.scatter(_num(m.ts), y, marker="*", s=260, color="#d50000", edgecolor="black", linewidth=0.8, zorder=6)
+            ax.scatter(_num(m.ts), y, marker="*", s=260, color="#d50000", edgecolor="black", linewidth=0.8, zorder=6,
+                       alpha=faded)
         elif m.role == "collateral":
-            ax.scatter(_num(m.ts), y, marker="X", s=60, color="#ff9800", edgecolor="black", linewidth=0.4, zorder=5)
+            ax.scatter(_num(m.ts), y, marker="X", s=60, color="#ff9800", edgecolor="black", linewidth=0.4, zorder=5,
+                       alpha=faded)
         else:
             marker, colour, name = KIND_STYLE.get(m.kind, (".", "#757575", m.kind))
             ax.scatter(_num(m.ts), y, marker=marker, s=40 if marker != "|" else 90, color=colour, zorder=4,
-                       linewidth=1.2, alpha=0.45 if m.approx else 1.0)
+                       linewidth=1.2, alpha=faded)
             seen.setdefault(name, (marker, colour))
     root = next((m for m in tl.marks if m.role == "root_cause"), None)
     rc = inc.root_cause
     if root is not None and rc is not None:
         text = f"root cause: {rc.cls}" + (f" ({rc.signal})" if rc.signal else "") + \
                (f"\nrank {rc.rank}" if rc.rank is not None else "") + (f" on {rc.host}" if rc.host else "")
-        ax.annotate(text, (_num(root.ts), row[root.lane]), xytext=(18, -14 if row[root.lane] > 1 else 14),
+        ax.annotate(text, (_num(root.ts), row[root.lane]), xytext=(18, -16 if row[root.lane] < len(lanes) - 1 else 14),
                     textcoords="offset points", fontsize=9, fontweight="bold", color="#b71c1c",
                     arrowprops={"arrowstyle": "-", "color": "#b71c1c", "lw": 1},
                     bbox={"boxstyle": "round,pad=0.25", "fc": "white", "ec": "#b71c1c", "lw": 0.8}, zorder=7)
     # axes, title, legend
     locator = mdates.AutoDateLocator(minticks=4, maxticks=9)
     ax.xaxis.set_major_locator(locator)
-    ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator, show_offset=True))
-    ax.set_xlabel("event time (UTC)", fontsize=8.5)
+    ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator, show_offset=False))
+    ax.set_xlabel(f"event time (UTC), {start:%Y-%m-%d}", fontsize=8.5)
     ax.tick_params(axis="x", labelsize=8)
     ax.grid(axis="x", color="#e0e0e0", linewidth=0.6, zorder=1)
     for side in ("top", "right", "left"):
@@ -144,7 +147,12 @@ def draw(tl: Timeline) -> Figure:
     step = "unknown" if inc.step is None else inc.step
     title = f"{inc.kind} · job {inc.job} · step {step}"
     lg = inc.last_good_checkpoint
-    sub = [f"{sum(1 for lane in lanes if lane.rank is not None)} ranks on {len(tl.hosts)} host(s)",
+    ranks = sum(1 for lane in lanes if lane.rank is not None)
+    named = [h for h in tl.hosts if h is not None]
+    where = f"{len(named)} host{'s' if len(named) != 1 else ''}" + (" and ranks of unknown host" if None in tl.hosts
+                                                                    and named else "")
+    sub = [f"{ranks} rank{'s' if ranks != 1 else ''} on {where}" if named else
+           f"{ranks} rank{'s' if ranks != 1 else ''}, host not in the logs",
            f"collateral ranks: {rank_ranges(inc.collateral) or 'none'}",
            f"last good checkpoint: step {lg['step']}" if lg else "no good checkpoint seen"]
     if tl.last_good_outside is not None:
@@ -166,7 +174,7 @@ def draw(tl: Timeline) -> Figure:
                                 label="last good checkpoint"))
     handles += [Line2D([], [], marker=mk, color=c, linestyle="", markersize=7, label=name)
                 for name, (mk, c) in seen.items() if not name.startswith("save ")]
-    if any(m.approx and m.role == "context" for m in tl.marks):
+    if any(m.approx for m in tl.marks):
         handles.append(Line2D([], [], marker="o", color="#757575", alpha=0.45, linestyle="", markersize=7,
                               label="faded: time inherited from an earlier line"))
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.9 / (FRAME_IN + LANE_IN * len(lanes))),

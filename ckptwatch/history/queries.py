@@ -69,6 +69,7 @@ def list_incidents(con: duckdb.DuckDBPyConnection, *, job: str | None = None, ki
 def find_incident(con: duckdb.DuckDBPyConnection, ref: str) -> str:
     """The id of the incident ``ref`` names: its id, or a prefix of one id (at least 4
     characters, as git takes commits). Raises HistoryError: none, or several."""
+    ref = ref.strip().lower()  # ids are lower-case hex
     exact = con.execute("SELECT id FROM incidents WHERE id = ?", [ref]).fetchall()
     if exact:
         return exact[0][0]

@@ -94,13 +94,17 @@ def open_history(database: str, *, snapshot_only: bool = False) -> Iterator[tupl
         if not _locked(e):
             raise HistoryError(f"{database}: not a ckptwatch database ({str(e).splitlines()[0]})") from None
         if not os.path.exists(snap):
-            raise HistoryError(f"{database} is being written by another process, which publishes no read snapshot "
-                               f"({snap}): start it with [sink] snapshot_every > 0 (the default, 2 s)") from None
+            raise HistoryError(f"{database} is being written by another process, and it has published no read "
+                               f"snapshot ({snap}) yet: a ckptwatch run or sink publishes its first within seconds "
+                               "of its start, unless [sink] snapshot_every = 0") from None
         try:
             con = _attach(snap)
         except duckdb.Error as e2:
             raise HistoryError(f"{snap}: cannot read the snapshot ({str(e2).splitlines()[0]})") from None
         opened = Opened(database, snap, True, _taken(con))
+    if not has_table(con, "incidents"):
+        con.close()
+        raise HistoryError(f"{opened.path}: a DuckDB database, but not a ckptwatch one (no incidents table)")
     try:
         yield con, opened
     finally:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from flask import Flask, abort, jsonify, render_template, request
+from flask import Flask, jsonify, render_template, request
 
 from ckptwatch.detectors.incident import DEFAULT_SEVERITY, SEVERITIES, STATUSES
 from ckptwatch.history import queries, timeline
@@ -103,8 +103,10 @@ def create_app(database: str, *, snapshot_only: bool = False) -> Flask:
             with history() as (con, opened):
                 try:
                     iid = queries.find_incident(con, incident_id)
-                except HistoryError:
-                    abort(404)
+                except HistoryError as e:
+                    return render_template("list.html", rows=[], source=opened.describe(), error=str(e), f={},
+                                           kinds=[], severities=[], statuses=[], refresh_ms=REFRESH_MS,
+                                           **common("list")), 404
                 inc, evidence = queries.load_incident(con, iid)
                 alerts = queries.alerts_of(con, iid)
                 picture = svg(timeline.build_timeline(con, inc))

@@ -28,8 +28,8 @@ def _fail(msg: str) -> typer.Exit:
     return typer.Exit(2)
 
 
-def ui_cmd(db: Annotated[str | None, typer.Option("--db", help="The DuckDB file run/sink write (default: [sink] "
-                                                               "db of the config, incidents.duckdb).")] = None,
+def ui_cmd(db: Annotated[str | None, typer.Option("--db", help="The DuckDB file run/sink write (default: the "
+                                                               "config's sink.db, incidents.duckdb).")] = None,
            port: Annotated[int, typer.Option("--port", help="TCP port (0: any free one).")] = DEFAULT_PORT,
            address: Annotated[str, typer.Option("--address", help="Address to listen on (default 127.0.0.1: this "
                                                                   "machine only).")] = "127.0.0.1",
