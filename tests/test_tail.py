@@ -85,3 +85,29 @@ def test_embedded_runner_detects_as_the_log_grows_and_survives_restart(tmp_path,
     whole.cycle(final=True)
     expected = whole.store.con.execute("SELECT count(*) FROM events").fetchone()[0]
     assert n_events == expected
+
+
+def test_an_undated_line_after_held_lines_is_dated_as_one_read_of_the_file_dates_it(tmp_path):
+    """An `srun --label` console: rank lines carry times, srun's own lines none, and each
+    rank's last line is held back by a live poll (the next line might continue it). srun's
+    'task 1: Killed' after them must take the file's previous time (18:22:09, a held line's),
+    as `run --once` and `diagnose` date it, not the last time emitted (18:22:01): a new
+    user's live run blamed an 'Aborted' rank over the OOM-killed one that way."""
+    from ckptwatch.ingest.watcher import SourceWatcher
+
+    p = tmp_path / "slurm-42.out"
+    p.write_text("srun: job 42 has been allocated resources\n"
+                 + "".join(f"{r}: [2026-12-03 18:20:0{r}.000] [rank{r}] step 100 loss 2.0\n" for r in range(2))
+                 + "".join(f"{r}: [2026-12-03 18:22:01.00{r}] [rank{r}] saving checkpoint at iteration 200\n"
+                           for r in range(2))
+                 + "".join(f"{r}: [2026-12-03 18:22:09.00{r}] [rank{r}] successfully saved checkpoint\n"
+                           for r in range(2))
+                 + "srun: error: node-b: task 1: Killed\n"
+                 + "srun: error: node-a: task 0: Aborted\n")
+    live = SourceWatcher([str(tmp_path)]).poll()  # not final: each rank's last line is held
+    assert not live.filter(live["line"].str.contains("successfully saved")).height  # held back
+    killed = live.filter(live["line"].str.contains("Killed"))
+    assert killed["ts"].to_list() == [dt.datetime(2026, 12, 3, 18, 22, 9, 1000, tzinfo=dt.timezone.utc)]
+    assert killed["ts_source"].to_list() == ["inherited"]
+    whole = SourceWatcher([str(tmp_path)]).poll(final=True)
+    assert whole.filter(whole["line"].str.contains("Killed"))["ts"].to_list() == killed["ts"].to_list()

@@ -221,8 +221,7 @@ def records_of(tails: Sequence[FileTail], lines: pl.DataFrame, flush: Sequence[b
     records = records.drop("_flush", "_settled").join(info.drop("_settled"), on="_t", how="left", maintain_order="left")
     boot_time = tails[0].boot_time
     carry = {k: v for t in tails for k, v in t.carry.items()}
-    records = timestamps.add_event_time(records, carry=carry, boot_time=boot_time, now=now, mtime_col="_mtime",
-                                        file_col="_t", file_carry_col="_fcarry")
+    records = _dated(records, held, carry=carry, boot_time=boot_time, now=now)
     _learn_times(tails, records, count_uptime=boot_time is None)
     records = _with_jobs(records)
     rank = [pl.col("prefix_rank"), prefix.inline_rank(pl.col("line"))]
@@ -289,6 +288,37 @@ def _info(tails: Sequence[FileTail], flush: Sequence[bool], mtimes: Sequence[dt.
                "_labelled": pl.Boolean, "_job": pl.Utf8, "_fallback": pl.Utf8, "_fam": pl.Int64})
 
 
+def _dated(records: pl.DataFrame, held: pl.DataFrame, *, carry: dict[str, dt.datetime],
+           boot_time: dt.datetime | None, now: dt.datetime) -> pl.DataFrame:
+    """``records`` (in ``(_t, offset)`` order) with their event time
+    (:func:`~ckptwatch.ingest.timestamps.add_event_time`). The lines held back for the next
+    poll (each stream's last record) take part as context only: a record of a stream that
+    prints no time is dated by the file's previous time, and that may be a held line's (an
+    ``srun --label`` console: ``srun: error: task 5: Killed`` after the ranks' last, held,
+    lines; without them it took a time 8 s older, as no single read of the file would)."""
+    if held.is_empty() or "offset" not in held.columns:
+        return timestamps.add_event_time(records, carry=carry, boot_time=boot_time, now=now, mtime_col="_mtime",
+                                         file_col="_t", file_carry_col="_fcarry")
+    context = (held.select("_t", "offset", "line")
+               .join(records.select("_t", "_mtime", "_fcarry").unique("_t"), on="_t", how="inner")
+               .with_columns(pl.format("\x00held:{}", pl.col("offset")).alias("stream_key"),  # a stream of its own
+                             pl.lit(True).alias("_context")))
+    if context.is_empty():
+        return timestamps.add_event_time(records, carry=carry, boot_time=boot_time, now=now, mtime_col="_mtime",
+                                         file_col="_t", file_carry_col="_fcarry")
+    # dated on the few columns it reads (the records' others would be copied by the concat
+    # and the sort), then put back beside the records by row number
+    cols = ["_t", "offset", "line", "stream_key", "_mtime", "_fcarry"]
+    narrow = records.select(cols).with_columns(pl.lit(False).alias("_context"),
+                                               pl.int_range(pl.len(), dtype=pl.UInt32).alias("_row"))
+    both = pl.concat([narrow, context.select(*cols, "_context")], how="diagonal_relaxed")
+    dated = timestamps.add_event_time(both.sort("_t", "offset", maintain_order=True), carry=carry,
+                                      boot_time=boot_time, now=now, mtime_col="_mtime", file_col="_t",
+                                      file_carry_col="_fcarry")
+    times = dated.filter(~pl.col("_context")).sort("_row").drop(*cols, "_context", "_row")
+    return records.hstack(times)
+
+
 def _learn_times(tails: Sequence[FileTail], records: pl.DataFrame, *, count_uptime: bool) -> None:
     """Each file's counters (stamps rejected, kernel stamps without a boot time) and what
     the next poll continues from: the last time read from a line, per stream and per file
@@ -299,7 +329,10 @@ def _learn_times(tails: Sequence[FileTail], records: pl.DataFrame, *, count_upti
     for i, rejected, uptime in counts.iter_rows():
         tails[i].stats.ts_rejected += int(rejected)
         tails[i].stats.uptime_no_boot += int(uptime)
-    dated = records.filter(pl.col("ts_source") != "mtime")
+    # times read from lines only: a time a record inherited (from its file's order, or the
+    # next line) carried as its stream's would date that stream's next record, in a later
+    # read, before the file's newer times (one read of the whole file dates it after them)
+    dated = records.filter(pl.col("ts_source") == "line")
     if dated.is_empty():
         return
     for i, key, ts in dated.group_by("_t", "stream_key").agg(pl.col("ts").last()).iter_rows():
