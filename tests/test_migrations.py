@@ -98,3 +98,18 @@ def test_a_database_from_a_newer_release_is_refused_in_one_line(tmp_path: Path) 
     con = duckdb.connect(str(path), read_only=True)
     assert migrations.version_of(con) == 99
     con.close()
+
+
+def test_another_application_s_duckdb_file_is_not_written_into(tmp_path: Path) -> None:
+    path = tmp_path / "analytics.duckdb"
+    con = duckdb.connect(str(path))
+    con.execute("CREATE TABLE sales AS SELECT 1 AS amount")
+    con.close()
+    from ckptwatch.sinks.duckdb_store import StoreError
+
+    with pytest.raises(StoreError, match=r"analytics\.duckdb: a DuckDB database, but not a ckptwatch one \(tables "
+                                         r"sales\): give run/sink a new file or one they wrote"):
+        Store(str(path))
+    con = duckdb.connect(str(path), read_only=True)
+    assert [t for (t,) in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()] == ["sales"]
+    con.close()

@@ -342,7 +342,8 @@ class Store:
         self.con = Connection(self)
         try:
             found = migrations.check_not_newer(self.con, path)
-        except migrations.SchemaTooNew:
+            self._check_ours()
+        except (migrations.SchemaTooNew, StoreError):
             self.raw.close()
             raise
         self.con.execute(_DDL)  # a database from before versions were recorded gains the newer columns
@@ -350,6 +351,16 @@ class Store:
         self.migrated = migrations.upgrade(self, found)  # the versions this open applied
         self._private()
         self._offsets: StoredOffsets | None = None  # loaded at the first insert
+
+    def _check_ours(self) -> None:
+        """Raises :class:`StoreError` when the file holds tables and none of ours: another
+        application's database, not to be written into."""
+        tables = {t for (t,) in self.con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = "
+                                                 "current_database() AND schema_name = 'main'").fetchall()}
+        if tables and not tables & {"events", "incidents", "sources"}:
+            shown = ", ".join(sorted(tables)[:3]) + (", ..." if len(tables) > 3 else "")
+            raise StoreError(f"database {self.path}: a DuckDB database, but not a ckptwatch one (tables {shown}): "
+                             "give run/sink a new file or one they wrote")
 
     def publish_snapshots(self, every: float = DEFAULT_EVERY) -> SnapshotPublisher | None:
         """Publish read snapshots of this database every ``every`` seconds while it is
