@@ -90,28 +90,35 @@ def live_run(tmp_path):
         proc.communicate(timeout=60)
 
 
+def rows(driver) -> list[dict]:
+    """The list's rows, read in one script run: the page re-renders the table every 2 s, so
+    elements found one by one may be gone before they are read."""
+    return driver.execute_script("""
+        return Array.from(document.querySelectorAll("#incidents tr[data-id]")).map(tr => ({
+            id: tr.dataset.id, text: tr.innerText, cls: tr.className, href: tr.querySelector("a").href}));""")
+
+
 def test_the_list_updates_live_and_an_incident_page_shows_its_timeline(browser, live_run):
     from selenium.webdriver.common.by import By
 
     url, logs, _, proc = live_run
     browser.get(url)
     # the first incident is in the snapshot within seconds; the page's own refresh shows it
-    row = '#incidents tr[data-id] td:nth-child(5)'
-    wait_for("job-0201-sigkill listed", lambda: "job-0201-sigkill" in " ".join(
-        e.text for e in browser.find_elements(By.CSS_SELECTOR, row)), proc=proc)
+    wait_for("job-0201-sigkill listed", lambda: any("job-0201-sigkill" in r["text"] for r in rows(browser)), proc=proc)
     assert "read snapshot of" in text_of(browser, "#source")
-    before = {e.get_attribute("data-id") for e in browser.find_elements(By.CSS_SELECTOR, "#incidents tr[data-id]")}
+    before = {r["id"] for r in rows(browser)}
     # a new job's logs arrive in the watched directory: its incident appears without a reload
     shutil.copytree(CORPUS / "03-collective-timeout" / "logs", logs / "03")
     new_row = wait_for("job-0301-timeout appears live", lambda: [
-        e for e in browser.find_elements(By.CSS_SELECTOR, "#incidents tr[data-id]")
-        if "job-0301-timeout" in e.text and "interrupted_save" in e.text], timeout=90, proc=proc)[0]
-    assert new_row.get_attribute("data-id") not in before
-    assert "new" in new_row.get_attribute("class")
+        r for r in rows(browser) if "job-0301-timeout" in r["text"] and "interrupted_save" in r["text"]],
+        timeout=90, proc=proc)[0]
+    assert new_row["id"] not in before
+    assert "new" in new_row["cls"].split()
     assert "new incident(s) since" in text_of(browser, "#banner")
-    assert "collective_timeout rank 1" in new_row.text
-    # its page: timeline picture, report, evidence with the file each line came from
-    new_row.find_element(By.CSS_SELECTOR, "a").click()
+    assert "collective_timeout rank 1" in new_row["text"]
+    # its page (the link the row holds): timeline picture, report, evidence with the file each line came from
+    assert new_row["href"] == f"{url}incidents/{new_row['id']}"
+    browser.get(new_row["href"])
     wait_for("incident page", lambda: browser.find_elements(By.CSS_SELECTOR, "#timeline svg"))
     assert "root cause   collective_timeout on rank 1" in text_of(browser, "#report")
     evidence = text_of(browser, "#evidence")
