@@ -84,7 +84,7 @@ def test_plot_png_svg_and_a_self_contained_html(v1_db, tmp_path):
     for path in out.values():
         res = CliRunner().invoke(cli.app, ["incidents", "plot", iid[:6], "--db", v1_db, "--out", str(path)])
         assert res.exit_code == 0, res.output
-        assert res.stdout.strip() == (f"{path}: interrupted_save of job job-0201-sigkill, 4 ranks on 1 host(s), "
+        assert res.stdout.strip() == (f"{path}: interrupted_save of job job-0201-sigkill, 4 ranks on 1 host, "
                                       "8 save bars, 21 events")
     width, height = png_size(out["png"])
     assert width > 1200 and 400 < height < 900

@@ -262,8 +262,9 @@ def plot_cmd(incident: Annotated[str, typer.Argument(metavar="ID", help="Inciden
     except OSError as e:
         raise _fail(f"{out}: {e.strerror or e}") from None
     ranks = sum(1 for lane in tl.lanes if lane.rank is not None)
-    _out.print(f"{escape(out)}: {inc.kind} of job {escape(str(inc.job))}, {ranks} ranks on {len(tl.hosts)} host(s), "
-               f"{len(tl.bars)} save bars, {len(tl.marks)} events")
+    hosts = len([h for h in tl.hosts if h is not None])
+    _out.print(f"{escape(out)}: {inc.kind} of job {escape(str(inc.job))}, {ranks} rank{'s' if ranks != 1 else ''} on "
+               f"{hosts} host{'s' if hosts != 1 else ''}, {len(tl.bars)} save bars, {len(tl.marks)} events")
 
 
 def register(app: typer.Typer) -> None:

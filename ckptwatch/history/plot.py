@@ -27,6 +27,8 @@ from matplotlib.patches import Patch
 
 from ckptwatch.history.timeline import Lane, Timeline
 
+#: seconds a picture spans at least (events within a second drawn in a readable window)
+MIN_SPAN_S = 10.0
 #: inches per lane, and around the lanes (title, axis, legend)
 LANE_IN, FRAME_IN, WIDTH_IN = 0.26, 2.4, 12.0
 #: marker per event kind of a context mark: (marker, colour, legend label)
@@ -69,7 +71,10 @@ def draw(tl: Timeline) -> Figure:
     fig = Figure(figsize=(WIDTH_IN, FRAME_IN + LANE_IN * len(lanes)))
     ax = fig.subplots()
     start, end = tl.start or inc.first_ts, tl.end or inc.first_ts
-    span = max((end - start).total_seconds(), 1.0)
+    if (end - start).total_seconds() < MIN_SPAN_S:  # a few events within a second: centred in a readable window
+        middle = start + (end - start) / 2
+        start, end = middle - dt.timedelta(seconds=MIN_SPAN_S / 2), middle + dt.timedelta(seconds=MIN_SPAN_S / 2)
+    span = (end - start).total_seconds()
     pad = dt.timedelta(seconds=span * 0.04)
     ax.set_xlim(_num(start - pad), _num(end + pad * 6))  # room at the right for the root cause's label
     ax.set_ylim(len(lanes) - 0.5, -0.5)
@@ -138,7 +143,8 @@ def draw(tl: Timeline) -> Figure:
     # axes, title, legend
     locator = mdates.AutoDateLocator(minticks=4, maxticks=9)
     ax.xaxis.set_major_locator(locator)
-    ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator, show_offset=False))
+    ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S" if span < 6 * 3600 else "%m-%d %H:%M",
+                                                      tz=dt.timezone.utc))
     ax.set_xlabel(f"event time (UTC), {start:%Y-%m-%d}", fontsize=8.5)
     ax.tick_params(axis="x", labelsize=8)
     ax.grid(axis="x", color="#e0e0e0", linewidth=0.6, zorder=1)
@@ -161,24 +167,32 @@ def draw(tl: Timeline) -> Figure:
     ax.set_title(title, fontsize=11.5, fontweight="bold", loc="left", pad=above + 16)
     ax.annotate("   ·   ".join(sub) + f"   ·   id {inc.id}", xy=(0, 1), xycoords="axes fraction",
                 xytext=(0, above), textcoords="offset points", fontsize=8.5, color="#455a64", va="bottom")
-    handles = [Patch(facecolor=BAR_STYLE["saved"][0], label="save finished"),
-               Patch(facecolor=BAR_STYLE["cut"][0], hatch="///", label="save cut off"),
-               Line2D([], [], marker="*", color="#d50000", markeredgecolor="black", markersize=13, linestyle="",
-                      label="initiating failure"),
-               Line2D([], [], marker="X", color="#ff9800", markeredgecolor="black", markersize=8, linestyle="",
-                      label="collateral report")]
-    if any(b.outcome == "open" for b in tl.bars):
-        handles.insert(2, Patch(facecolor=BAR_STYLE["open"][0], label="save not ended in the logs"))
+    outcomes = {b.outcome for b in tl.bars}
+    roles = {m.role for m in tl.marks}
+    handles = []  # what the picture shows, nothing else
+    if "saved" in outcomes:
+        handles.append(Patch(facecolor=BAR_STYLE["saved"][0], label="save finished"))
     if any(b.last_good for b in tl.bars):
-        handles.insert(1, Patch(facecolor=BAR_STYLE["saved"][0], edgecolor="#2e7d32", linewidth=1.6,
-                                label="last good checkpoint"))
+        handles.append(Patch(facecolor=BAR_STYLE["saved"][0], edgecolor="#2e7d32", linewidth=1.6,
+                             label="last good checkpoint"))
+    if "cut" in outcomes:
+        handles.append(Patch(facecolor=BAR_STYLE["cut"][0], hatch="///", label="save cut off"))
+    if "open" in outcomes:
+        handles.append(Patch(facecolor=BAR_STYLE["open"][0], label="save not ended in the logs"))
+    if "root_cause" in roles:
+        handles.append(Line2D([], [], marker="*", color="#d50000", markeredgecolor="black", markersize=13,
+                              linestyle="", label="initiating failure"))
+    if "collateral" in roles:
+        handles.append(Line2D([], [], marker="X", color="#ff9800", markeredgecolor="black", markersize=8,
+                              linestyle="", label="collateral report"))
     handles += [Line2D([], [], marker=mk, color=c, linestyle="", markersize=7, label=name)
                 for name, (mk, c) in seen.items() if not name.startswith("save ")]
     if any(m.approx for m in tl.marks):
         handles.append(Line2D([], [], marker="o", color="#757575", alpha=0.45, linestyle="", markersize=7,
                               label="faded: time inherited from an earlier line"))
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.9 / (FRAME_IN + LANE_IN * len(lanes))),
-              ncol=min(len(handles), 5), fontsize=8, frameon=False)
+    if handles:
+        ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -1.05 / (FRAME_IN + LANE_IN * len(lanes))),
+                  ncol=min(len(handles), 5), fontsize=8, frameon=False)
     fig.tight_layout()
     return fig
 
