@@ -14,6 +14,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 V1 = Path(__file__).parent / "fixtures" / "history" / "schema-v1.duckdb.gz"
 
 
@@ -51,3 +53,29 @@ def test_ui_serves_a_database_at_rest(tmp_path):
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0 and "Traceback" not in err, err
+
+
+def test_the_diagnose_form_works_without_the_page_s_script(tmp_path):
+    """A browser without JavaScript posts the form itself: the page comes back with the
+    report in it, or with the message (status 400) for nothing readable."""
+    import urllib.parse
+
+    from ckptwatch.ui.app import create_app
+    from ckptwatch.ui.server import ConsoleServer
+
+    corpus = Path(__file__).resolve().parent.parent / "examples" / "corpus"
+    log = (corpus / "02-sigkill-mid-save" / "logs" / "attempt-1-train" / "console.log").read_text()
+    server = ConsoleServer(create_app(str(tmp_path / "none.duckdb")), port=0).start()
+    try:
+        form = urllib.parse.urlencode({"text": log}).encode()
+        with urllib.request.urlopen(urllib.request.Request(server.url + "diagnose", data=form), timeout=60) as r:
+            page = r.read().decode()
+        assert r.status == 200
+        assert '<pre id="diagnosis-report">CRITICAL interrupted_save  job job-0201-sigkill  step 40' in page
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            urllib.request.urlopen(urllib.request.Request(server.url + "diagnose", data=b"text="), timeout=30)
+        assert caught.value.code == 400
+        assert ('<div class="error" id="diagnose-error">nothing to diagnose: paste a log or drop log files</div>'
+                in caught.value.read().decode())
+    finally:
+        server.close()

@@ -29,7 +29,7 @@ from ckptwatch.history import queries, timeline
 from ckptwatch.history.cli import parse_since, report_text
 from ckptwatch.history.plot import svg
 from ckptwatch.history.read import HistoryError, open_history
-from ckptwatch.ui.diagnose import MAX_UPLOAD, Upload, UploadError, run_diagnosis
+from ckptwatch.ui.diagnose import MAX_UPLOAD, Diagnosis, Upload, UploadError, run_diagnosis
 
 #: how often the list page asks for the list again (ms)
 REFRESH_MS = 2000
@@ -128,37 +128,37 @@ def create_app(database: str, *, snapshot_only: bool = False) -> Flask:
                 out.append(Upload(f.filename, f.read()))
         return out
 
-    def diagnosis_view() -> tuple[dict[str, Any], int]:
+    def diagnosis_view() -> tuple[dict[str, Any], int, Diagnosis | None, str | None]:
+        """What one POST gives: the API's JSON, its status, and the diagnosis or the error."""
         try:
             d = run_diagnosis(uploads())
         except UploadError as e:
-            return {"error": str(e), "html": render_template("diagnosis.html", error=str(e), d=None)}, 400
+            return {"error": str(e), "html": render_template("diagnosis.html", error=str(e), d=None)}, 400, None, str(e)
         html = render_template("diagnosis.html", error=None, d=d)
         return {"incidents": [i.to_dict() for i in d.incidents], "report": d.report, "read": d.read,
-                "refused": d.refused, "html": html}, 200
+                "refused": d.refused, "html": html}, 200, d, None
+
+    def diagnose_form(*, d: Diagnosis | None = None, error: str | None = None, text: str = "") -> str:
+        return render_template("diagnose.html", d=d, error=error, text=text, max_mib=MAX_UPLOAD >> 20,
+                               max_bytes=MAX_UPLOAD, **common("diagnose"))
 
     @app.route("/diagnose", methods=["GET", "POST"])
     def diagnose_page():  # noqa: ANN202  (the form without a script posts here)
         if request.method == "GET":
-            return render_template("diagnose.html", d=None, error=None, text="", max_mib=MAX_UPLOAD >> 20, max_bytes=MAX_UPLOAD,
-                                   **common("diagnose"))
-        doc, code = diagnosis_view()
-        return render_template("diagnose.html", d=None, error=None, text=request.form.get("text", ""),
-                               max_mib=MAX_UPLOAD >> 20, max_bytes=MAX_UPLOAD, **common("diagnose")).replace(
-            '<div id="result">', '<div id="result">' + doc["html"], 1), code
+            return diagnose_form()
+        _, code, d, error = diagnosis_view()
+        return diagnose_form(d=d, error=error, text=request.form.get("text", "")), code
 
     @app.post("/api/diagnose")
     def api_diagnose():  # noqa: ANN202
-        doc, code = diagnosis_view()
+        doc, code, _, _ = diagnosis_view()
         return jsonify(doc), code
 
     @app.errorhandler(413)
     def too_large(_e: Exception):  # noqa: ANN202
-        msg = (f"upload too large: at most {MAX_UPLOAD >> 20} MiB here; for bigger logs run ckptwatch diagnose on them")
+        msg = f"upload too large: at most {MAX_UPLOAD >> 20} MiB here; for bigger logs run ckptwatch diagnose on them"
         if request.path.startswith("/api/"):
             return jsonify(error=msg, html=render_template("diagnosis.html", error=msg, d=None)), 413
-        return render_template("diagnose.html", d=None, error=None, text="", max_mib=MAX_UPLOAD >> 20, max_bytes=MAX_UPLOAD,
-                               **common("diagnose")).replace(
-            '<div id="result">', '<div id="result">' + render_template("diagnosis.html", error=msg, d=None), 1), 413
+        return diagnose_form(error=msg), 413
 
     return app
