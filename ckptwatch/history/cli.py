@@ -19,7 +19,8 @@ import json
 import os
 import re
 import sys
-from typing import Annotated, Any
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
 
 import duckdb
 import polars as pl
@@ -35,6 +36,8 @@ from ckptwatch.history.read import HistoryError, open_history
 from ckptwatch.sinks import report
 
 #: a table piped to a file or a pager keeps its width (rich would cut it to 80 columns)
+T = TypeVar("T")
+
 _out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 240)
 _err = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -149,6 +152,25 @@ def list_cmd(db: DbOpt = None, job: JobOpt = None, kind: KindOpt = None, severit
     _err.print(f"[dim]{frame.height} incident(s)[/dim]")
 
 
+def _read_incident(path: str, ref: str, more: Callable[[duckdb.DuckDBPyConnection, str, Incident], T]
+                   ) -> tuple[Incident, pl.DataFrame, T]:
+    """The incident ``ref`` (id or prefix) names in the history of ``path``, its evidence
+    rows, and ``more(con, id, incident)`` read in the same opening; says on stderr what
+    was read. Exits 1 for no such incident, 2 when the history cannot be read."""
+    try:
+        with open_history(path) as (con, opened):
+            try:
+                iid = queries.find_incident(con, ref)
+            except HistoryError as e:
+                raise _fail(str(e), 1) from None
+            inc, evidence = queries.load_incident(con, iid)
+            extra = more(con, iid, inc)
+    except HistoryError as e:
+        raise _fail(str(e)) from None
+    _err.print(f"[dim]{escape(opened.describe())}[/dim]")
+    return inc, evidence, extra
+
+
 def show_cmd(incident: Annotated[str, typer.Argument(metavar="ID", help="Incident id, or its first 4+ characters.")],
              db: DbOpt = None,
              as_json: Annotated[bool, typer.Option("--json", help="The incident as diagnose --json gives it, each "
@@ -156,18 +178,7 @@ def show_cmd(incident: Annotated[str, typer.Argument(metavar="ID", help="Inciden
              config: ConfigOpt = None) -> None:
     """One incident whole: the report diagnose prints, its evidence lines with their file
     and host, and the alerts sent about it."""
-    path = _db(db, config)
-    try:
-        with open_history(path) as (con, opened):
-            try:
-                iid = queries.find_incident(con, incident)
-            except HistoryError as e:
-                raise _fail(str(e), 1) from None
-            inc, evidence = queries.load_incident(con, iid)
-            alerts = queries.alerts_of(con, iid)
-    except HistoryError as e:
-        raise _fail(str(e)) from None
-    _err.print(f"[dim]{escape(opened.describe())}[/dim]")
+    inc, evidence, alerts = _read_incident(_db(db, config), incident, lambda con, iid, _inc: queries.alerts_of(con, iid))
     if as_json:
         doc = inc.to_dict()
         for item, row in zip(doc["evidence"], evidence.iter_rows(named=True), strict=True):
@@ -240,18 +251,7 @@ def plot_cmd(incident: Annotated[str, typer.Argument(metavar="ID", help="Inciden
     kind = os.path.splitext(out)[1].lower().lstrip(".")
     if kind not in ("png", "svg", "html"):
         raise _fail(f"--out {out}: name a .png, .svg or .html file")
-    path = _db(db, config)
-    try:
-        with open_history(path) as (con, opened):
-            try:
-                iid = queries.find_incident(con, incident)
-            except HistoryError as e:
-                raise _fail(str(e), 1) from None
-            inc, _ = queries.load_incident(con, iid)
-            tl = timeline.build_timeline(con, inc)
-    except HistoryError as e:
-        raise _fail(str(e)) from None
-    _err.print(f"[dim]{escape(opened.describe())}[/dim]")
+    inc, _, tl = _read_incident(_db(db, config), incident, lambda con, _id, inc: timeline.build_timeline(con, inc))
     try:
         if kind == "png":
             plot.write_png(tl, out)
