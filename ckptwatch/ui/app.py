@@ -41,10 +41,6 @@ def _when(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
-def _since(text: str) -> dt.datetime:
-    return parse_since(text)  # ValueError for a bad one: the page says it
-
-
 def create_app(database: str, *, snapshot_only: bool = False) -> Flask:
     """The console over the history of ``database`` (the file ``run``/``sink`` write).
     ``snapshot_only``: read only its read snapshot (the console runs in the writer)."""
@@ -64,7 +60,7 @@ def create_app(database: str, *, snapshot_only: bool = False) -> Flask:
             frame = queries.list_incidents(con, job=args.get("job") or None, kind=args.get("kind") or None,
                                            min_severity=args.get("severity") or None,
                                            status=args.get("status") or None,
-                                           since=_since(since) if since else None)
+                                           since=parse_since(since) if since else None)  # ValueError: said on the page
         rows = []
         for r in frame.iter_rows(named=True):
             cause = "-"
