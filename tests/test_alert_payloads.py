@@ -28,8 +28,10 @@ def test_pagerduty_trigger_and_resolve(sigkill_incident):
     assert ev["event_action"] == "trigger" and ev["dedup_key"] == inc.id == "8ea36dbeed8d58eb"
     p = ev["payload"]
     assert set(p) == {"summary", "source", "severity", "timestamp", "component", "group", "class", "custom_details"}
-    assert p["summary"] == ("interrupted_save: job job-0201-sigkill step 40: signal on rank 2 (vm); checkpoint "
-                            "/tmp/corpus-work/02-sigkill-mid-save/checkpoints/iter_0000040")
+    assert p["summary"] == ("interrupted_save: job job-0201-sigkill: save of step 40 "
+                            "(/tmp/corpus-work/02-sigkill-mid-save/checkpoints/iter_0000040) cut off by SIGKILL "
+                            "(rank 2, host vm); last good: step 20 "
+                            "(/tmp/corpus-work/02-sigkill-mid-save/checkpoints/iter_0000020)")
     assert (p["severity"], p["source"], p["component"], p["class"]) == ("critical", "vm", "job-0201-sigkill",
                                                                          "interrupted_save")
     d = p["custom_details"]
@@ -57,22 +59,24 @@ def test_slack_message_blocks_and_limits(sigkill_incident):
     from ckptwatch.sinks.alerts import slack
 
     msg = slack.message(sigkill_incident, redactor=Redactor.load())
-    assert msg["text"].startswith("interrupted_save: job job-0201-sigkill step 40")
+    assert msg["text"].startswith("interrupted_save: job job-0201-sigkill: save of step 40 ")
     kinds = [b["type"] for b in msg["blocks"]]
-    assert kinds == ["header", "section", "section", "section", "section", "context"]
-    assert msg["blocks"][0]["text"]["text"] == "CRITICAL interrupted_save: job job-0201-sigkill step 40"
-    fields = [f["text"] for f in msg["blocks"][1]["fields"]]
+    assert kinds == ["header", "section", "section", "section", "section", "section", "context"]
+    assert msg["blocks"][0]["text"]["text"] == ("CRITICAL interrupted_save: job job-0201-sigkill step 40 "
+                                                "(/tmp/corpus-work/02-sigkill-mid-save/checkpoints/iter_0000040)")
+    assert msg["blocks"][1]["text"]["text"] == msg["text"]
+    fields = [f["text"] for f in msg["blocks"][2]["fields"]]
     assert "*Root cause*\nsignal (SIGKILL), rank 2, host vm, pid 5879, 2026-11-30 10:21:21 UTC" in fields
     assert "*Collateral ranks*\n0, 1, 3" in fields
     assert any(f.startswith("*Last good checkpoint*\nstep 20 ") for f in fields)
-    assert "exitcode: -9" in msg["blocks"][2]["text"]["text"]
+    assert "exitcode: -9" in msg["blocks"][3]["text"]["text"]
     for b in msg["blocks"]:
         if b["type"] == "section" and "text" in b:
             assert len(b["text"]["text"]) <= slack.SECTION_MAX
 
     long_remedy = dataclasses.replace(sigkill_incident, remediation="password=hunter2 " + "x" * 5000)
     cut = slack.message(long_remedy, redactor=Redactor.load())
-    text = cut["blocks"][3]["text"]["text"]
+    text = cut["blocks"][4]["text"]["text"]
     assert len(text) == slack.SECTION_MAX and text.endswith("(cut to fit Slack; full evidence in DuckDB: "
                                                             "incident_evidence)")
     assert "hunter2" not in text and "password=[REDACTED]" in text

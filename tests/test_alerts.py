@@ -119,7 +119,7 @@ def test_each_channel_gets_its_api_payload_once(httpserver, rig, incident):
     redactor = Redactor.load()
     (sl,) = sent(httpserver, "/slack")
     assert sl == slack.message(incident, redactor=redactor)
-    assert sl["blocks"][0]["text"]["text"] == "CRITICAL interrupted_save: job job-0201-sigkill step 40"
+    assert sl["blocks"][0]["text"]["text"] == "CRITICAL interrupted_save: job job-0201-sigkill step 40 (/tmp/corpus-work/02-sigkill-mid-save/checkpoints/iter_0000040)"
     (pd,) = sent(httpserver, "/v2/enqueue")
     assert pd == pagerduty.trigger(incident, routing_key=ROUTING_KEY, redactor=redactor)
     assert (pd["event_action"], pd["dedup_key"], pd["payload"]["severity"]) == ("trigger", incident.id, "critical")
@@ -155,7 +155,7 @@ def test_dedup_survives_a_restart_and_resolve_reaches_each_alerted_channel(https
     assert [b["event_action"] for b in pd] == ["trigger", "resolve"]
     assert pd[1] == {"routing_key": ROUTING_KEY, "event_action": "resolve", "dedup_key": incident.id}
     sl = sent(httpserver, "/slack")
-    assert len(sl) == 2 and sl[1]["text"].startswith("Resolved: interrupted_save job job-0201-sigkill step 40")
+    assert len(sl) == 2 and sl[1]["text"].startswith("Resolved: interrupted_save job job-0201-sigkill step 40 (")
 
 
 def test_severity_rise_pages_again_with_the_same_dedup_key(httpserver, rig, incident):

@@ -53,7 +53,7 @@ def test_run_pages_once_survives_restart_and_resolves(copy_scenario, tmp_path, h
     assert first.returncode == 0, first.stderr
     slack, pd = sent(httpserver, "/slack"), sent(httpserver, "/v2/enqueue")
     assert len(slack) == 1 and len(pd) == 1
-    assert slack[0]["text"].startswith("interrupted_save: job job-0201-sigkill step 40: signal on rank 2")
+    assert slack[0]["text"].startswith("interrupted_save: job job-0201-sigkill: save of step 40 (")
     assert (pd[0]["event_action"], pd[0]["dedup_key"], pd[0]["routing_key"]) == ("trigger", "8ea36dbeed8d58eb",
                                                                                   ROUTING_KEY)
     assert pd[0]["payload"]["severity"] == "critical"
@@ -76,7 +76,7 @@ def test_run_pages_once_survives_restart_and_resolves(copy_scenario, tmp_path, h
     pd = sent(httpserver, "/v2/enqueue")
     assert [e["event_action"] for e in pd] == ["trigger", "resolve"]
     assert pd[1] == {"routing_key": ROUTING_KEY, "event_action": "resolve", "dedup_key": "8ea36dbeed8d58eb"}
-    assert sent(httpserver, "/slack")[1]["text"].startswith("Resolved: interrupted_save job job-0201-sigkill step 40")
+    assert sent(httpserver, "/slack")[1]["text"].startswith("Resolved: interrupted_save job job-0201-sigkill step 40 (")
     assert "resolved interrupted_save: job job-0201-sigkill step 40" in resolved.stdout
     con = duckdb.connect(db, read_only=True)
     assert con.execute("SELECT status FROM incidents WHERE id = '8ea36dbeed8d58eb'").fetchone() == ("resolved",)

@@ -82,12 +82,13 @@ def test_an_interrupted_save_first_seen_resolved_is_told_once_on_every_channel(c
     pd = sent(env, "/v2/enqueue")
     assert [(e["event_action"], e["dedup_key"]) for e in pd] == [("trigger", iid), ("resolve", iid)]
     assert pd[0]["payload"]["summary"].startswith("[resolved before it was alerted] interrupted_save: job "
-                                                  "job-0201-sigkill step 40: signal on rank 2")
+                                                  "job-0201-sigkill: save of step 40 (")
     assert pd[0]["payload"]["severity"] == "critical"
     slack = sent(env, "/slack")
     assert len(slack) == 2
-    assert slack[0]["blocks"][0]["text"]["text"] == "RESOLVED CRITICAL interrupted_save: job job-0201-sigkill step 40"
-    assert slack[1]["text"].startswith("Resolved: interrupted_save job job-0201-sigkill step 40")
+    assert slack[0]["blocks"][0]["text"]["text"] == ("RESOLVED CRITICAL interrupted_save: job job-0201-sigkill step 40 "
+                                                    "(/tmp/corpus-work/02-sigkill-mid-save/checkpoints/iter_0000040)")
+    assert slack[1]["text"].startswith("Resolved: interrupted_save job job-0201-sigkill step 40 (")
     hook = sent(env, "/hook")
     assert [(h["action"], h["incident"]["status"]) for h in hook] == [("trigger", "resolved"), ("resolve", "resolved")]
     assert "resolved before it was alerted" in out.getvalue()

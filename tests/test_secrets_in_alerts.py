@@ -114,7 +114,8 @@ def test_no_secret_in_any_request_or_on_the_console(httpserver, tmp_path, monkey
     pd = json.loads(next(b for p, b, _ in sent if p == "/v2/enqueue"))
     assert pd["dedup_key"] == leaky.id  # the stable incident id, whatever was redacted
     assert pd["payload"]["custom_details"]["checkpoint_path"] == "s3://ckpt:[REDACTED]@bucket/run1/iter_0000040"
-    assert pd["payload"]["summary"].endswith("checkpoint s3://ckpt:[REDACTED]@bucket/run1/iter_0000040")
+    assert pd["payload"]["summary"].startswith("interrupted_save: job job-0201-sigkill: save of step 40 "
+                                                "(s3://ckpt:[REDACTED]@bucket/run1/iter_0000040) cut off by")
     assert "s3://ckpt:[REDACTED]@bucket/run1/iter_0000040" in out.getvalue()
     hook = json.loads(next(b for p, b, _ in sent if p == "/hook"))
     assert hook["incident"]["id"] == leaky.id

@@ -112,6 +112,17 @@ def _bad_summary(bad: Incident) -> str:
     return f"the save at step {bad.step} (job {bad.job}) was {words}{why} (incident {bad.id})"
 
 
+def _cause_of(bad: Incident) -> dict | None:
+    """The root cause of save incident ``bad`` as ``checkpoint_state["bad_cause"]`` of the
+    incidents that cite it (class, rank, host, signal, sender), so that their headline can
+    say what broke the checkpoint; None when ``bad`` has no root cause."""
+    rc = bad.root_cause
+    if rc is None:
+        return None
+    return {"class": rc.cls, "rank": rc.rank, "host": rc.host, "signal": rc.signal, "sender": rc.sender,
+            "line": rc.line}
+
+
 def _resume_from(last_good: dict | None) -> str:
     if not last_good:
         return "No complete earlier checkpoint was seen: restart from scratch or from a verified external checkpoint."
@@ -203,7 +214,7 @@ def evaluate(state: JobState, registry: CheckpointRegistry,
             kind="poisoned_resume", job=state.job, step=ld.key[1], checkpoint_path=bad.checkpoint_path or ld.path,
             root_cause=None, collateral=[],
             checkpoint_state={"marked_bad_by": bad.id, "bad_kind": bad.kind, "bad_job": bad.job,
-                              "loaded_path": ld.path},
+                              "bad_step": bad.step, "bad_cause": _cause_of(bad), "loaded_path": ld.path},
             last_good_checkpoint=last_good,
             remediation=(f"Stop this job: it loads step {ld.key[1]} ({bad.checkpoint_path or ld.path}), which is not a "
                          f"good checkpoint: {_bad_summary(bad)}. {_resume_from(last_good)} Verify a checkpoint with "
@@ -282,7 +293,7 @@ def _load_incident(state: JobState, registry: CheckpointRegistry, key: Checkpoin
     items = [(e, "root_cause") for e in errs] + [(e, "resume") for e in (load.events if load else [])]
     cs: dict = {"errors": classes, "ranks": ranks}
     if bad is not None:
-        cs.update(save_incident=bad.id, save_kind=bad.kind)
+        cs.update(save_incident=bad.id, save_kind=bad.kind, bad_cause=_cause_of(bad))
     if ws is not None:
         saved, current = ws
         cs.update(saved_world_size=saved, current_world_size=current)

@@ -12,6 +12,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from ckptwatch.detectors.headline import why
 from ckptwatch.detectors.incident import Incident
 
 SEV_STYLE = {"critical": "bold red", "error": "red", "warning": "yellow", "info": "cyan"}
@@ -62,6 +63,8 @@ def render_text(incidents: list[Incident], console: Console, stats: dict[str, An
                 console.print(f"               [dim]{escape(rc.line[:160])}[/dim]")
             if rc.note:
                 console.print(f"               {escape(rc.note)}")
+        else:
+            console.print(f"  what broke   {escape(why(inc))}")
         console.print(f"  collateral   ranks {_ranks(inc.collateral)}")
         cs = inc.checkpoint_state
         if cs.get("verdict"):  # corrupt_checkpoint: what verification found

@@ -13,6 +13,7 @@ import threading
 from rich.console import Console
 from rich.markup import escape
 
+from ckptwatch.detectors.headline import where
 from ckptwatch.sinks import report
 from ckptwatch.sinks.alerts.http import Outcome
 from ckptwatch.sinks.alerts.notification_log import Notification
@@ -37,7 +38,7 @@ class ConsoleChannel:
         with self._lock:
             if n.action == "resolve":
                 self.console.print(f"[green]{inc.status}[/green] {escape(inc.kind)}: job {escape(str(inc.job))} "
-                                   f"step {inc.step} (incident {inc.id})")
+                                   f"{escape(where(inc))} (incident {inc.id})")
                 return Outcome("sent")
             if n.action in _HEADING:
                 self.console.print(f"[bold]{_HEADING[n.action]}:[/bold] incident {inc.id}")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ckptwatch.detectors.headline import headline
 from ckptwatch.detectors.incident import Incident
 from ckptwatch.sinks.alerts.http import Outcome, Request, Timeouts, post
 from ckptwatch.sinks.alerts.notification_log import Notification
@@ -32,13 +33,11 @@ RESOLVED_PREFIX = "[resolved before it was alerted] "
 
 
 def summary(inc: Incident) -> str:
-    """One line: kind, job, step, root cause, checkpoint (after :data:`RESOLVED_PREFIX` for an
-    incident already resolved); at most :data:`SUMMARY_MAX` characters. Give it a redacted incident (:meth:`~.redact.Redactor.incident`): the
-    checkpoint path is copied as it is."""
-    rc = inc.root_cause
-    cause = f"{rc.cls}" + (f" on rank {rc.rank}" if rc and rc.rank is not None else "") if rc else "cause unknown"
-    host = f" ({rc.host})" if rc and rc.host else ""
-    text = f"{inc.kind}: job {inc.job} step {inc.step}: {cause}{host}; checkpoint {inc.checkpoint_path}"
+    """One line: the incident's :func:`~ckptwatch.detectors.headline.headline` (kind, job, the
+    checkpoint and what broke it), after :data:`RESOLVED_PREFIX` for an incident already
+    resolved; at most :data:`SUMMARY_MAX` characters. Give it a redacted incident
+    (:meth:`~.redact.Redactor.incident`): paths and lines are copied as they are."""
+    text = headline(inc)
     if inc.status == "resolved":  # first seen resolved: told once all the same (see dedup.NOTICE)
         text = f"{RESOLVED_PREFIX}{text}"
     return text if len(text) <= SUMMARY_MAX else text[: SUMMARY_MAX - 1] + "…"

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ckptwatch.detectors.headline import headline, last_good, where, why
 from ckptwatch.detectors.incident import Incident
 from ckptwatch.sinks.alerts.http import Outcome, Request, Timeouts, post
 from ckptwatch.sinks.alerts.notification_log import Notification
@@ -32,6 +33,11 @@ _CUT = "\n… (cut to fit Slack; full evidence in DuckDB: incident_evidence)"
 
 def _fit(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - len(_CUT)] + _CUT
+
+
+def _short(text: str, limit: int = HEADER_MAX) -> str:
+    """A header's plain text: cut with an ellipsis (the full line is the next section)."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _section(text: str) -> dict[str, Any]:
@@ -57,10 +63,22 @@ def _context(inc: Incident, maybe_duplicate: bool) -> dict[str, Any]:
     return {"type": "context", "elements": elements}
 
 
+def _why_field(inc: Incident) -> str:
+    """The root cause with rank, host, pid and time when there is one; else what else
+    explains the incident (:func:`~ckptwatch.detectors.headline.why`)."""
+    rc = inc.root_cause
+    if rc and rc.ts:
+        facts = [f"{k} {v}" for k, v in (("rank", rc.rank), ("host", rc.host), ("pid", rc.pid)) if v is not None]
+        return (f"*Root cause*\n{rc.cls}" + (f" ({rc.signal})" if rc.signal else "") + "".join(f", {f}" for f in facts)
+                + f", {rc.ts:%Y-%m-%d %H:%M:%S} UTC")
+    return f"*Why*\n{why(inc)}"
+
+
 def message(inc: Incident, *, redactor: Redactor, action: str = "trigger", maybe_duplicate: bool = False) -> dict[str, Any]:
-    """The webhook body for ``inc`` (Slack Block Kit: ``text`` + ``blocks``): header, facts
-    as fields, root cause line, last good checkpoint, remediation, and the per-rank timeline
-    as a code block, built from ``inc`` with every string redacted. ``action`` ``escalate``
+    """The webhook body for ``inc`` (Slack Block Kit: ``text`` + ``blocks``): header, the
+    headline, facts as fields, root cause line, last good checkpoint, remediation, and the per-rank timeline
+    as a code block, built from ``inc`` with every string redacted. ``text`` and the section
+    under the header are the incident's :func:`~ckptwatch.detectors.headline.headline`. ``action`` ``escalate``
     / ``realert`` / ``update`` prefix the header; ``resolve`` gives :func:`resolved`.
     ``maybe_duplicate`` adds :data:`DUPLICATE_NOTE` to the closing context block. A trigger
     of an incident already resolved says RESOLVED in the header."""
@@ -68,18 +86,19 @@ def message(inc: Incident, *, redactor: Redactor, action: str = "trigger", maybe
     if action == "resolve":
         return resolved(inc, maybe_duplicate=maybe_duplicate)
     rc = inc.root_cause
-    lg = inc.last_good_checkpoint
     fields = [
-        f"*Job*\n{inc.job}", f"*Step*\n{inc.step}", f"*Checkpoint*\n`{inc.checkpoint_path}`",
+        f"*Job*\n{inc.job or 'not named in the logs'}",
+        f"*Step*\n{'not logged' if inc.step is None else inc.step}",
+        f"*Checkpoint*\n`{inc.checkpoint_path}`" if inc.checkpoint_path else "*Checkpoint*\npath not logged",
         f"*Severity*\n{inc.severity}",
-        "*Root cause*\n" + (f"{rc.cls}" + (f" ({rc.signal})" if rc.signal else "") + f", rank {rc.rank}, "
-                            f"host {rc.host}, pid {rc.pid}, {rc.ts:%Y-%m-%d %H:%M:%S} UTC" if rc and rc.ts else "unknown"),
+        _why_field(inc),
         "*Collateral ranks*\n" + (", ".join(map(str, inc.collateral)) or "none"),
-        "*Last good checkpoint*\n" + (f"step {lg.get('step')} `{lg.get('path')}`" if lg else "none seen"),
+        "*Last good checkpoint*\n" + last_good(inc.last_good_checkpoint).removeprefix("last good: "),
     ]
     blocks: list[dict[str, Any]] = [
-        {"type": "header", "text": {"type": "plain_text", "text": _fit(f"{_prefix(inc, action)}{inc.severity.upper()} {inc.kind}: "
-                                                                        f"job {inc.job} step {inc.step}", HEADER_MAX)}},
+        {"type": "header", "text": {"type": "plain_text", "text": _short(f"{_prefix(inc, action)}{inc.severity.upper()} "
+                                                                          f"{inc.kind}: job {inc.job} {where(inc)}")}},
+        _section(summary(inc)),
         {"type": "section", "fields": [{"type": "mrkdwn", "text": _fit(f, FIELD_MAX)} for f in fields[:10]]},
     ]
     if rc and rc.line:
@@ -97,14 +116,14 @@ def resolved(inc: Incident, *, maybe_duplicate: bool = False) -> dict[str, Any]:
     superseded (its save was re-classified as another incident). ``inc`` must be redacted
     already (:func:`message` does it)."""
     if inc.withdrawn:
-        word, why = "Withdrawn", inc.withdrawn
+        word, reason = "Withdrawn", inc.withdrawn
     else:
         word = "Superseded" if inc.status == "superseded" else "Resolved"
-        why = ("the save was re-classified; see the new incident" if inc.status == "superseded"
-               else "a later save of the job completed on every rank")
-    text = f"{word}: {inc.kind} job {inc.job} step {inc.step} ({why})"
+        reason = ("the save was re-classified; see the new incident" if inc.status == "superseded"
+                  else "a later save of the job completed on every rank")
+    text = f"{word}: {inc.kind} job {inc.job} {where(inc)} ({reason})"
     return {"text": text, "blocks": [
-        _section(f":white_check_mark: *{word}* {inc.kind}: job {inc.job} step {inc.step}\n{why}"),
+        _section(f":white_check_mark: *{word}* {inc.kind}: job {inc.job} {where(inc)}\n{reason}"),
         _context(inc, maybe_duplicate),
     ]}
 

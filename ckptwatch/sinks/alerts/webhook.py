@@ -3,7 +3,10 @@
 Body (``Content-Type: application/json``)::
 
     {"version": 1, "notification_id": 17, "idempotency_key": "ckptwatch-<incident id>-17",
-     "action": "trigger|escalate|update|realert|resolve", "channel": "NAME", "incident": {...}}
+     "action": "trigger|escalate|update|realert|resolve", "channel": "NAME",
+     "summary": "<kind>: job <job>: <the checkpoint and what broke it>", "incident": {...}}
+
+``summary`` is the incident's :func:`~ckptwatch.detectors.headline.headline` (redacted).
 
 ``incident`` is the ``diagnose --json`` shape with every string redacted (paths, root cause,
 evidence, checkpoint state, remediation) and cut to
@@ -29,6 +32,7 @@ import hmac
 import json
 from typing import Any
 
+from ckptwatch.detectors.headline import headline
 from ckptwatch.detectors.incident import Incident
 from ckptwatch.sinks.alerts.http import Outcome, Request, Timeouts, post
 from ckptwatch.sinks.alerts.notification_log import Notification
@@ -51,7 +55,8 @@ def idempotency_key(n: Notification) -> str:
 def body(n: Notification, channel: str, redactor: Redactor) -> bytes:
     """The request body of notification ``n`` (see the module docstring)."""
     doc = {"version": 1, "notification_id": n.id, "idempotency_key": idempotency_key(n), "action": n.action,
-           "channel": channel, "incident": redacted(n.incident, redactor)}
+           "channel": channel, "summary": headline(redactor.incident(n.incident)),
+           "incident": redacted(n.incident, redactor)}
     return json.dumps(doc, sort_keys=True).encode()
 
 
