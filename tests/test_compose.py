@@ -15,7 +15,9 @@ COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 
 
 def test_services_of_the_fleet():
-    assert set(COMPOSE["services"]) == {"kafka", "collector", "detector", "sink", "prometheus", "grafana"}
+    assert set(COMPOSE["services"]) == {"kafka", "collector", "detector", "sink", "prometheus", "grafana",
+                                        "alertmanager"}
+    assert COMPOSE["services"]["alertmanager"]["image"] == "prom/alertmanager:v0.35.0"
     assert COMPOSE["services"]["kafka"]["image"].startswith("apache/kafka:4.")
     assert COMPOSE["services"]["detector"]["deploy"]["replicas"] == 2  # one consumer group, two members
     assert (ROOT / "Dockerfile").exists()

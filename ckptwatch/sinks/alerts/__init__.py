@@ -9,6 +9,8 @@ Channels (render a notification in their API's format, send it once):
 * :mod:`.slack`      incoming webhook, Block Kit, within Slack's limits
 * :mod:`.pagerduty`  Events API v2 trigger / resolve, dedup key = incident id
 * :mod:`.webhook`    the incident as JSON, ``Idempotency-Key``, optional HMAC-SHA256 signature
+* :mod:`.alertmanager`  Alertmanager API v2 alerts (grouping, inhibition, routing, receivers
+                        are Alertmanager's), re-posted while firing, ended on resolve
 * :mod:`.console`    the text report on stdout (the embedded default)
 
 Shared stages:

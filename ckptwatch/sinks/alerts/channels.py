@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from rich.console import Console
 
+from ckptwatch.sinks.alerts.alertmanager import RESEND_INTERVAL, AlertmanagerChannel
 from ckptwatch.sinks.alerts.console import ConsoleChannel
 from ckptwatch.sinks.alerts.http import CONNECT_TIMEOUT, Outcome, Timeouts, check_url
 from ckptwatch.sinks.alerts.notification_log import Notification
@@ -66,6 +67,11 @@ def build(spec: ChannelSpec, *, redactor: Redactor, timeout: Timeouts, console: 
     if spec.type == "pagerduty":
         return PagerDutyChannel(spec.name, secret["routing_key"], url=spec.options["url"],
                                 source=spec.options["source"], redactor=redactor, timeout=t)
+    if spec.type == "alertmanager":
+        return AlertmanagerChannel(spec.name, secret["url"], redactor=redactor, timeout=t, static_labels=spec.labels,
+                                   console_url=spec.options.get("console_url", ""),
+                                   runbook_url=spec.options.get("runbook_url", ""),
+                                   resend_interval=float(spec.options.get("resend_interval", RESEND_INTERVAL)))
     if spec.type == "webhook":
         return WebhookChannel(spec.name, secret["url"], secret=secret.get("secret", ""), redactor=redactor, timeout=t)
     return ConsoleChannel(spec.name, redactor=redactor, console=console)

@@ -101,6 +101,8 @@ class Alerter:
         self._inflight: dict[int, tuple[Notification, Future[Outcome]]] = {}
         self._paused: dict[str, dt.datetime] = {}  # channel -> no sends before (Retry-After)
         self._next_scan: dt.datetime | None = None
+        self._refreshed: dict[str, dt.datetime] = {}  # channel -> when its firing alerts were last re-posted
+        self._refreshing: dict[str, Future[Outcome]] = {}
         self.pending_at_close: int | None = None  # set by close()
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ckptwatch-alert")
         self.log.reset_pending(_utcnow())
@@ -144,8 +146,38 @@ class Alerter:
         self.stats.queued += queued
         return queued
 
+    def _refresh(self, now: dt.datetime) -> None:
+        """Re-post the firing alerts of channels that keep alerts alive by re-sending them
+        (a ``refresh(incidents)`` method and a ``resend_interval``: Alertmanager), once per
+        interval, on the pool; a failed re-post is said once and tried at the next interval."""
+        for name, (_, ch) in self.channels.items():
+            every = float(getattr(ch, "resend_interval", 0) or 0)
+            if not every or not hasattr(ch, "refresh"):
+                continue
+            fut = self._refreshing.get(name)
+            if fut is not None:
+                if not fut.done():
+                    continue
+                del self._refreshing[name]
+                out = fut.result() if fut.exception() is None else Outcome("retry", error=str(fut.exception()))
+                if out.status != "sent":
+                    self.say(f"alerts to {name}: re-posting the firing alerts failed ({out.error}); "
+                             f"next try in {every:g} s")
+            last = self._refreshed.get(name)
+            if last is not None and (now - last).total_seconds() < every:
+                continue
+            firing = self.log.firing(name)
+            statuses = self.statuses([inc.id for inc in firing]) if firing else {}
+            incs = [self.redactor.incident(self._latest.get(inc.id, inc)) for inc in firing
+                    if statuses.get(inc.id, self._latest.get(inc.id, inc).status) not in CLOSED]
+            self._refreshed[name] = now
+            if incs:
+                self._refreshing[name] = self._pool.submit(ch.refresh, incs)
+
     def _scan(self, now: dt.datetime) -> None:
-        """Re-alerts (``realert_interval``) and incidents whose silence has ended."""
+        """Re-alerts (``realert_interval``), incidents whose silence has ended, and the
+        re-posts of channels that need them (:meth:`_refresh`)."""
+        self._refresh(now)
         candidates: list[tuple[str, Incident, str]] = []
         if self.settings.realert_interval > 0:
             before = now - dt.timedelta(seconds=self.settings.realert_interval)

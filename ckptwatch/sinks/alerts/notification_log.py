@@ -192,6 +192,15 @@ class NotificationLog:
             "  > coalesce(max(CASE WHEN action = 'resolve' THEN id END), -1)", [before]).fetchall()
         return [(ch, Incident.from_dict(json.loads(inc))) for ch, inc in rows]
 
+    def firing(self, channel: str) -> list[Incident]:
+        """Incidents (as last queued) that ``channel`` was told of (an alert delivered) and
+        not yet resolved: what an Alertmanager channel re-posts."""
+        rows = self.con.execute(
+            "SELECT arg_max(incident, id) FROM alerts WHERE channel = ? AND status = 'sent' GROUP BY incident_id "
+            "HAVING max(CASE WHEN action IN ('trigger','escalate','realert','update') THEN id END) "
+            "  > coalesce(max(CASE WHEN action = 'resolve' THEN id END), -1)", [channel]).fetchall()
+        return [Incident.from_dict(json.loads(inc)) for (inc,) in rows]
+
     def only_silenced(self) -> list[tuple[str, Incident]]:
         """(channel, incident as last recorded) that were muted and never alerted."""
         rows = self.con.execute(

@@ -2,14 +2,19 @@
 
 A channel table (``[alerts.channels.NAME]``)::
 
-    type = "slack"               # slack | pagerduty | webhook | console
+    type = "slack"               # slack | pagerduty | webhook | alertmanager | console
     url_env = "SLACK_WEBHOOK_URL"
     min_severity = "error"       # route: this severity or higher (default per type below)
     match = { job = ["llama-*"], kind = ["interrupted_save", "poisoned_resume"] }
     connect_timeout = 5          # seconds to connect (and TLS handshake); nothing is sent yet
     read_timeout = 30            # seconds to wait for the answer once the request is sent
 
-Secrets (``url`` of slack and webhook, ``routing_key`` of pagerduty, ``secret`` of webhook)
+An ``alertmanager`` channel posts to Alertmanager's API v2 (:mod:`.alertmanager`): ``url``
+(its base URL), and optionally ``labels = { cluster = "a" }`` (added to every alert),
+``console_url`` (the web console's base URL, for each alert's ``incident_url``),
+``runbook_url`` (``{kind}`` is replaced) and ``resend_interval`` (seconds, default 60).
+
+Secrets (``url`` of slack, webhook and alertmanager, ``routing_key`` of pagerduty, ``secret`` of webhook)
 are given as ``KEY_env`` (an environment variable's name) or ``KEY_file`` (a file holding
 the value; surrounding whitespace stripped); writing ``KEY`` itself works for non-secret
 test endpoints. Values are read when the alerter starts, never printed, never stored.
@@ -44,15 +49,20 @@ class AlertConfigError(Exception):
 
 #: Incident labels that routes and silences match on (see :func:`ckptwatch.sinks.alerts.routing.labels`).
 LABELS = ("job", "kind", "severity", "host", "cause")
-TYPES = ("slack", "pagerduty", "webhook", "console")
+TYPES = ("slack", "pagerduty", "webhook", "alertmanager", "console")
 #: Default route per channel type: pages only for critical incidents (interrupted saves,
 #: poisoned resumes, storage failures during saves, partial and corrupt checkpoints).
-DEFAULT_MIN_SEVERITY = {"console": "info", "slack": "warning", "webhook": "info", "pagerduty": "critical"}
+#: Alertmanager takes every incident: its own routes decide who is paged.
+DEFAULT_MIN_SEVERITY = {"console": "info", "slack": "warning", "webhook": "info", "pagerduty": "critical",
+                        "alertmanager": "info"}
 PAGERDUTY_URL = "https://events.pagerduty.com/v2/enqueue"
-_SECRETS = {"slack": ("url",), "webhook": ("url", "secret"), "pagerduty": ("routing_key",), "console": ()}
-_REQUIRED = {"slack": ("url",), "webhook": ("url",), "pagerduty": ("routing_key",), "console": ()}
+_SECRETS = {"slack": ("url",), "webhook": ("url", "secret"), "pagerduty": ("routing_key",), "alertmanager": ("url",),
+            "console": ()}
+_REQUIRED = {"slack": ("url",), "webhook": ("url",), "pagerduty": ("routing_key",), "alertmanager": ("url",),
+             "console": ()}
 _PLAIN = {"type", "min_severity", "match", "timeout", "connect_timeout", "read_timeout"}
-_PLAIN_BY_TYPE = {"pagerduty": {"url", "source"}, "slack": set(), "webhook": set(), "console": set()}
+_PLAIN_BY_TYPE = {"pagerduty": {"url", "source"}, "slack": set(), "webhook": set(), "console": set(),
+                  "alertmanager": {"labels", "console_url", "runbook_url", "resend_interval"}}
 
 
 @dataclass(frozen=True)
@@ -87,7 +97,9 @@ class SecretRef:
 @dataclass(frozen=True)
 class ChannelSpec:
     """One ``[alerts.channels.NAME]`` table, checked. ``secrets``: key -> :class:`SecretRef`;
-    ``options``: the non-secret keys of the type (pagerduty ``url``, ``source``);
+    ``options``: the non-secret keys of the type (pagerduty ``url``, ``source``; alertmanager
+    ``console_url``, ``runbook_url``, ``resend_interval``); ``labels``: an alertmanager
+    channel's static labels;
     ``timeout``: the old name of ``read_timeout``; ``connect_timeout`` / ``read_timeout``:
     seconds (0: the ``[alerts]`` default, see :func:`ckptwatch.sinks.alerts.channels.timeouts`)."""
 
@@ -100,6 +112,7 @@ class ChannelSpec:
     timeout: float = 0.0
     connect_timeout: float = 0.0
     read_timeout: float = 0.0
+    labels: dict[str, str] = field(default_factory=dict)
 
 
 def _severity(value: Any, where: str) -> str:
@@ -122,6 +135,10 @@ def _match(value: Any, where: str) -> dict[str, tuple[str, ...]]:
     return out
 
 
+def _a(word: str) -> str:
+    return ("an " if word[:1] in "aeiou" else "a ") + word
+
+
 def parse_channel(name: str, table: Any) -> ChannelSpec:
     """Check one channel table. Raises AlertConfigError naming ``[alerts.channels.NAME] key``."""
     where = f"[alerts.channels.{name}]"
@@ -134,7 +151,7 @@ def parse_channel(name: str, table: Any) -> ChannelSpec:
     known = _PLAIN | _PLAIN_BY_TYPE[typ] | {s + suffix for s in secret_keys for suffix in ("", "_env", "_file")}
     for key in table:
         if key not in known:
-            raise AlertConfigError(f"{where} {key}: unknown key for a {typ} channel (known: {', '.join(sorted(known))})")
+            raise AlertConfigError(f"{where} {key}: unknown key for {_a(typ)} channel (known: {', '.join(sorted(known))})")
     secrets = {}
     for s in secret_keys:
         given = [k for k in (s, s + "_env", s + "_file") if k in table]
@@ -149,14 +166,26 @@ def parse_channel(name: str, table: Any) -> ChannelSpec:
                 else {"value": table[key]}
             secrets[s] = SecretRef(where=f"{where} {s}", **kw)
         elif s in _REQUIRED[typ]:
-            raise AlertConfigError(f"{where}: a {typ} channel needs {s}_env, {s}_file or {s}")
+            raise AlertConfigError(f"{where}: {_a(typ)} channel needs {s}_env, {s}_file or {s}")
     seconds = {}
     for key in ("timeout", "connect_timeout", "read_timeout"):
         v = table.get(key, 0.0)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
             raise AlertConfigError(f"{where} {key}: must be a number of seconds (0: the default)")
         seconds[key] = float(v)
-    options = {k: str(table[k]) for k in _PLAIN_BY_TYPE[typ] if k in table}
+    static: dict[str, str] = {}
+    if "labels" in table:
+        from ckptwatch.sinks.alerts.alertmanager import check_labels
+
+        try:
+            static = check_labels(table["labels"], f"{where} labels")
+        except ValueError as e:
+            raise AlertConfigError(str(e)) from None
+    if "resend_interval" in table:
+        v = table["resend_interval"]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+            raise AlertConfigError(f"{where} resend_interval: must be a positive number of seconds")
+    options = {k: str(table[k]) for k in _PLAIN_BY_TYPE[typ] if k in table and k != "labels"}
     if typ == "pagerduty":
         options.setdefault("url", PAGERDUTY_URL)
         options.setdefault("source", "ckptwatch")
@@ -164,7 +193,7 @@ def parse_channel(name: str, table: Any) -> ChannelSpec:
         name=name, type=typ, min_severity=_severity(table.get("min_severity", DEFAULT_MIN_SEVERITY[typ]),
                                                     f"{where} min_severity"),
         match=_match(table.get("match", {}), f"{where} match"), secrets=secrets, options=options,
-        **seconds,
+        labels=static, **seconds,
     )
 
 

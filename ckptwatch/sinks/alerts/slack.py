@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ckptwatch.detectors.headline import headline, last_good, where, why
+from ckptwatch.detectors.headline import last_good, where, why
 from ckptwatch.detectors.incident import Incident
 from ckptwatch.sinks.alerts.http import Outcome, Request, Timeouts, post
 from ckptwatch.sinks.alerts.notification_log import Notification
