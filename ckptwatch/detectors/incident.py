@@ -117,6 +117,11 @@ class Incident:
     status: str = "open"
     detected_ts: dt.datetime | None = None
     id: str = ""
+    #: concluded before its evidence window closed (the launcher said the job failed, and
+    #: the watermark has not yet passed the last failure by the settle time): stored and
+    #: shown at once, paged only once a version that is not provisional comes (see
+    #: :mod:`ckptwatch.detectors.save_incidents`), so a later line cannot revise a page
+    provisional: bool = False
 
     def __post_init__(self) -> None:
         if not self.id:
@@ -141,6 +146,7 @@ class Incident:
             "remediation": self.remediation,
             "first_ts": self.first_ts.isoformat(),
             "detected_ts": self.detected_ts.isoformat() if self.detected_ts else None,
+            "provisional": self.provisional,
             "evidence": [e.to_dict() for e in self.evidence],
         }
 
@@ -163,6 +169,7 @@ class Incident:
             last_good_checkpoint=d.get("last_good_checkpoint"), remediation=d.get("remediation", ""),
             first_ts=dt.datetime.fromisoformat(d["first_ts"]), evidence=evidence, severity=d.get("severity", ""),
             status=d.get("status", "open"), detected_ts=_parse_ts(d.get("detected_ts")), id=d.get("id", ""),
+            provisional=bool(d.get("provisional", False)),
         )
 
     def withdraw(self, reason: str) -> None:

@@ -220,6 +220,7 @@ def evaluate(state: JobState, registry: CheckpointRegistry,
                          f"good checkpoint: {_bad_summary(bad)}. {_resume_from(last_good)} Verify a checkpoint with "
                          "`ckptwatch verify` before resuming from it."),
             first_ts=ld.first_ts, evidence=state.evidence(context),
+            provisional=bad.provisional,  # what broke the checkpoint may still be revised
         ))
     errors = [e for e in events if e.kind == "load_error"]
     for key, errs in _group_errors(errors, loads).items():
@@ -312,5 +313,5 @@ def _load_incident(state: JobState, registry: CheckpointRegistry, key: Checkpoin
     return Incident(
         kind=kind, job=state.job, step=key[1], checkpoint_path=path, root_cause=None, collateral=[],
         checkpoint_state=cs, last_good_checkpoint=bad.last_good_checkpoint if bad else None, remediation=remediation,
-        first_ts=min(e.ts for e in errs), evidence=state.evidence(items),
+        first_ts=min(e.ts for e in errs), evidence=state.evidence(items), provisional=bool(bad and bad.provisional),
     )

@@ -341,7 +341,8 @@ class Detector:
                 changed += self._emit(inc, wall)
                 still_open = still_open or inc.kind == "stalled_save"
             changed += self._finished_saves(job, {i.id for i in found}, saves)
-            concluded = {i.step for i in found if i.kind != "stalled_save"}
+            # a provisional conclusion is evaluated again as the watermark moves, until it settles
+            concluded = {i.step for i in found if i.kind != "stalled_save" and not i.provisional}
             open_saves = [s for s in saves.values() if not s.complete and s.step not in concluded]
             self._open_saves[job] = len(open_saves)
             stalled = {i.step for i in found}

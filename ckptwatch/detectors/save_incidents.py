@@ -6,7 +6,14 @@ For each save of a job (see :mod:`.saves`) that is not complete:
 * failures around it (from ``pre_window`` before its first start onwards, while it is
   unfinished) make it **interrupted** (or a **storage failure during save** when the
   root cause is a storage error), once the evidence has settled: the watermark is
-  ``settle`` past the last failure, or the input is final;
+  ``settle`` past the last failure, or the input is final. When the launcher reported
+  the job failed (``job_failed``: its ranks are dead, what they printed is written), the
+  evidence settles sooner, once the watermark (the job's *low* watermark in ``run`` and
+  the fleet: every file of it read that far) is ``confirm`` past the last failure; until
+  then the incident is reported at once but **provisional**
+  (:attr:`Incident.provisional <ckptwatch.detectors.incident.Incident.provisional>`):
+  stored and shown, not paged, as other ranks' lines or a kernel OOM line may still
+  arrive and name another root cause;
 * with no failure, if the ranks that did not finish went on without it while others
   finished (or a rank reported a save error), it is a **partial checkpoint**;
 * with no failure and no conclusion, once the watermark is ``stall_after`` past its
@@ -47,6 +54,9 @@ class SaveWindows:
 
     pre_window: float = 60.0  # failures this long before a save's start still count
     settle: float = 30.0  # wait this long after the last failure for late evidence
+    #: once the launcher reported the job failed (its ranks are dead, their lines written),
+    #: wait only this long past the last failure: for other files read a poll behind
+    confirm: float = 5.0
     stall_after: float = 1800.0  # a save with no end and no failure is stalled after this
 
 
@@ -115,8 +125,10 @@ def evaluate(
         deaths = [e for e in failures if e.kind not in ("save_error", "job_failed")]
         settle = dt.timedelta(seconds=windows.settle)
         if deaths or any(e.kind == "job_failed" for e in failures):
-            settled = final or watermark >= failures[-1].ts + settle or any(e.kind == "job_failed" for e in failures)
-            if not settled:
+            launcher_said = any(e.kind == "job_failed" for e in failures)
+            settled = (final or watermark >= failures[-1].ts + settle
+                       or (launcher_said and watermark >= failures[-1].ts + dt.timedelta(seconds=windows.confirm)))
+            if not settled and not launcher_said:
                 continue
             att = attribute(deaths or failures, state, s.expected, set(s.missing))
             assert att is not None
@@ -125,6 +137,7 @@ def evaluate(
                 (e, "collateral") for e in att.collateral_events]
             out.append(_incident(kind, state, s, att.root, att.collateral, last_good, items,
                                  min(s.first_ts, att.root.ts or s.first_ts)))
+            out[-1].provisional = not settled  # the launcher said the job failed; late lines may still come
         elif s.failed or (s.missing and s.done_ranks and _went_on(state, s)):
             if not (final or watermark >= s.first_ts + settle):
                 continue

@@ -16,7 +16,7 @@ import duckdb
 import polars as pl
 
 from ckptwatch.detectors.incident import SEVERITIES, STATUSES, EvidenceItem, Incident
-from ckptwatch.history.read import HistoryError, evidence_relation, has_table
+from ckptwatch.history.read import HistoryError, evidence_relation, has_column, has_table
 
 #: the columns of :func:`list_incidents`, in order
 LIST_COLUMNS = ("id", "detected_ts", "severity", "status", "kind", "job", "step", "root_cause_class", "root_rank",
@@ -89,14 +89,15 @@ def load_incident(con: duckdb.DuckDBPyConnection, incident_id: str) -> tuple[Inc
     :class:`Incident`, as ``diagnose`` reports it), and its evidence rows with ``file`` and
     ``read_on`` (columns of ``incident_evidence`` plus those two, in ``seq`` order). Raises
     HistoryError when there is no such incident."""
+    provisional = "provisional" if has_column(con, "incidents", "provisional") else "false"  # schema v3
     rows = con.execute(
         "SELECT id, kind, severity, status, job, step, checkpoint_path, root_cause, collateral, checkpoint_state, "
-        "last_good_step, last_good_path, remediation, first_ts, detected_ts FROM incidents WHERE id = ?",
+        f"last_good_step, last_good_path, remediation, first_ts, detected_ts, {provisional} FROM incidents WHERE id = ?",
         [incident_id]).fetchall()
     if not rows:
         raise HistoryError(f"incident {incident_id}: no such id")
     (iid, kind, severity, status, job, step, path, rc, collateral, cs, lg_step, lg_path, remediation, first_ts,
-     detected_ts) = rows[0]
+     detected_ts, is_provisional) = rows[0]
     evidence = _frame(con, f"SELECT * FROM {evidence_relation(con)} WHERE incident_id = ? ORDER BY seq", [incident_id])
     inc = Incident.from_dict({
         "id": iid, "kind": kind, "severity": severity, "status": status, "job": job, "step": step,
@@ -104,7 +105,7 @@ def load_incident(con: duckdb.DuckDBPyConnection, incident_id: str) -> tuple[Inc
         "checkpoint_state": json.loads(cs) if cs else {},
         "last_good_checkpoint": {"step": lg_step, "path": lg_path} if lg_step is not None else None,
         "remediation": remediation or "", "first_ts": first_ts.isoformat(),
-        "detected_ts": detected_ts.isoformat() if detected_ts else None})
+        "detected_ts": detected_ts.isoformat() if detected_ts else None, "provisional": bool(is_provisional)})
     inc.evidence = [EvidenceItem(r["source_id"], r["offset"], r["ts"], r["kind"], r["rank"], r["host"],
                                  r["rule_id"], r["line"], r["role"]) for r in evidence.iter_rows(named=True)]
     return inc, evidence

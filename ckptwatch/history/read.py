@@ -143,6 +143,13 @@ def has_table(con: duckdb.DuckDBPyConnection, name: str) -> bool:
         "current_database() AND schema_name = 'main') WHERE n = ?", [name]).fetchall()[0][0])
 
 
+def has_column(con: duckdb.DuckDBPyConnection, table: str, column: str) -> bool:
+    """The connected database's ``main.table`` has ``column`` (an older schema may not)."""
+    return bool(con.execute(
+        "SELECT count(*) FROM duckdb_columns() WHERE database_name = current_database() AND schema_name = 'main' "
+        "AND table_name = ? AND column_name = ?", [table, column]).fetchall()[0][0])
+
+
 def evidence_relation(con: duckdb.DuckDBPyConnection) -> str:
     """SQL for the evidence rows with their ``file`` and ``read_on`` (the machine the file
     was read on; NULL before schema version 2): the ``evidence`` view, or its equivalent."""

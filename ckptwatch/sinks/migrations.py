@@ -26,7 +26,7 @@ import duckdb
 from ckptwatch import __version__
 
 #: what this release writes
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 #: version -> the statements that bring a file from the version before it
 MIGRATIONS: dict[int, tuple[str, ...]] = {
@@ -39,6 +39,10 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         # every evidence row with the file and machine it was read from
         "CREATE OR REPLACE VIEW evidence AS SELECT e.*, s.file, s.host AS read_on "
         "FROM incident_evidence e LEFT JOIN sources s ON s.source_id = e.source_id",
+    ),
+    3: (
+        # an incident concluded before its evidence window closed: shown, not paged yet
+        "ALTER TABLE incidents ADD COLUMN IF NOT EXISTS provisional BOOLEAN DEFAULT false",
     ),
 }
 

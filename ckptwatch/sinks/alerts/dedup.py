@@ -8,6 +8,11 @@ save on every rank) or is superseded (its save was re-classified under another i
 ``resolve``-d on every channel that was alerted. Re-alerts after an interval are decided
 by the dispatcher's periodic scan, not here.
 
+A **provisional** incident (concluded before its evidence window closed:
+:attr:`~ckptwatch.detectors.incident.Incident.provisional`) is not sent: the settled
+version that follows is, so that the first page names the root cause the evidence settles
+on rather than one a later line revises.
+
 An incident first seen already **resolved** (the evidence that it happened and the
 evidence that it ended arrived together: a backlog read after a restart or an outage,
 ``run --once``, a detector that concluded it only once the job had saved again) still
@@ -49,6 +54,8 @@ def decide(inc: Incident, hist: History | None, *, routed: bool, silenced: bool)
         return None
     if not routed:
         return None
+    if inc.provisional and not hist.alerted:
+        return None  # its evidence window is still open: page the settled version, once
     if silenced:
         return None if hist.silenced else "silenced"
     if not hist.alerted or hist.resolved:
