@@ -8,6 +8,8 @@ File layout (every key optional; see ``examples/ckptwatch.toml``)::
     events_topic = "ckptwatch.events"
     incidents_topic = "ckptwatch.incidents"
     saves_topic = "ckptwatch.saves"        # save facts shared by the detectors (compacted)
+    notifications_topic = "ckptwatch.notifications"  # what the sink paged (compacted): a new sink
+                                           # database does not page again what was paged
     partitions = 6                         # used when a topic is created
     replication_factor = 1
     compression = "gzip"                   # gzip | none (lz4/snappy/zstd need their python codecs)
@@ -90,6 +92,7 @@ class KafkaSettings:
     events_topic: str = "ckptwatch.events"
     incidents_topic: str = "ckptwatch.incidents"
     saves_topic: str = "ckptwatch.saves"
+    notifications_topic: str = "ckptwatch.notifications"
     partitions: int = 6
     replication_factor: int = 1
     compression: str = "gzip"
@@ -194,7 +197,7 @@ _SECTIONS: dict[str, type] = typing.get_type_hints(Config)
 #: ``CKPTWATCH_*`` variables that are not config keys: the config file's path, test
 #: failpoints (:mod:`ckptwatch.failpoints`), the test broker, scripts/kafka-local's cache.
 NOT_CONFIG_VARIABLES = frozenset({"CKPTWATCH_CONFIG", "CKPTWATCH_FAILPOINTS", "CKPTWATCH_TEST_KAFKA",
-                                  "CKPTWATCH_KAFKA_CACHE"})
+                                  "CKPTWATCH_KAFKA_CACHE", "CKPTWATCH_CACHE"})
 
 _COMPRESSION = ("gzip", "none")
 _EVENT_FORMATS = ("arrow", "ndjson")  # ckptwatch.kafka.codec.EVENT_FORMATS (config imports no Kafka code)

@@ -44,6 +44,7 @@ def fresh_config(bootstrap: str, tmp: Path, *, partitions: int = 1) -> Config:
     return Config(
         kafka=KafkaSettings(bootstrap_servers=bootstrap, events_topic=f"t{tag}.events",
                             incidents_topic=f"t{tag}.incidents", saves_topic=f"t{tag}.saves",
+                            notifications_topic=f"t{tag}.notifications",
                             partitions=partitions),
         collect=CollectSettings(checkpoint=str(tmp / f"collect-{tag}.json"), interval=0.1),
         detect=DetectSettings(group=f"detect-{tag}", interval=0.1),
@@ -59,6 +60,7 @@ def cli_env(cfg: Config, **extra: str) -> dict[str, str]:
         "CKPTWATCH_KAFKA_EVENTS_TOPIC": cfg.kafka.events_topic,
         "CKPTWATCH_KAFKA_INCIDENTS_TOPIC": cfg.kafka.incidents_topic,
         "CKPTWATCH_KAFKA_SAVES_TOPIC": cfg.kafka.saves_topic,
+        "CKPTWATCH_KAFKA_NOTIFICATIONS_TOPIC": cfg.kafka.notifications_topic,
         "CKPTWATCH_KAFKA_PARTITIONS": str(cfg.kafka.partitions),
         "CKPTWATCH_COLLECT_CHECKPOINT": cfg.collect.checkpoint,
         "CKPTWATCH_COLLECT_INTERVAL": str(cfg.collect.interval),

@@ -1,4 +1,4 @@
-"""Topic creation: the events, incidents and saves topics, created if missing.
+"""Topic creation: the events, incidents, saves and notifications topics, created if missing.
 
 Every fleet service starts here, so this is where a wrong or unreachable broker address
 shows: :func:`ensure_topics` says it is waiting, prints a hint on how to check the address
@@ -75,8 +75,9 @@ def _create_missing(admin: Any, settings: KafkaSettings) -> None:
     compacted = {"cleanup.policy": "compact"}
     wanted = [
         NewTopic(name, settings.partitions, settings.replication_factor,
-                 topic_configs=compacted if name == settings.saves_topic else {})
-        for name in (settings.events_topic, settings.incidents_topic, settings.saves_topic)
+                 topic_configs=compacted if name in (settings.saves_topic, settings.notifications_topic) else {})
+        for name in (settings.events_topic, settings.incidents_topic, settings.saves_topic,
+                     settings.notifications_topic)
         if name not in existing
     ]
     if wanted:
@@ -88,10 +89,11 @@ def _create_missing(admin: Any, settings: KafkaSettings) -> None:
 
 def ensure_topics(settings: KafkaSettings, *, timeout: float | None = None,
                   on_wait: Callable[[str], None] | None = None, hint_after: float | None = None) -> None:
-    """Create ``settings.events_topic``, ``settings.incidents_topic`` and
-    ``settings.saves_topic`` with ``settings.partitions`` partitions if they do not exist (an
-    existing topic is left as it is). The saves topic is compacted: only the latest fact of
-    each checkpoint matters.
+    """Create ``settings.events_topic``, ``settings.incidents_topic``, ``settings.saves_topic``
+    and ``settings.notifications_topic`` with ``settings.partitions`` partitions if they do
+    not exist (an existing topic is left as it is). The saves and notifications topics are
+    compacted: only the latest fact of each checkpoint, and of each channel and incident,
+    matters.
 
     Retries while the broker is unreachable or stops answering, for up to ``timeout``
     seconds (default ``settings.connect_timeout``), telling ``on_wait`` so every few

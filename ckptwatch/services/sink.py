@@ -12,7 +12,9 @@ committed after the transaction too, for lag monitoring; and, after an assignmen
 restart, a crash, a rebalance), the resumed positions are committed at once, so the group's
 offsets (what lag monitors read) are right before any new record arrives. One sink process owns the database
 file (DuckDB allows one writer). With an alerter, the incidents' notifications are queued
-in that same transaction and delivered from each step.
+in that same transaction and delivered from each step; each one delivered is mirrored to
+the compacted notifications topic, which a sink on a new database restores its
+notification log from before it consumes (:mod:`ckptwatch.services.notification_mirror`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from ckptwatch.kafka.admin import ensure_topics
 from ckptwatch.kafka.codec import (FANOUT_HEADER, FLOORS_HEADER, SOURCES_HEADER, DecodeError, decode_events_skipping,
                                    decode_floors, decode_incident, decode_sources)
 from ckptwatch.kafka.consumer import GroupMember
+from ckptwatch.kafka.producer import Publisher
+from ckptwatch.services import notification_mirror
 from ckptwatch.sinks.alerts.dispatcher import Alerter
 from ckptwatch.sinks.duckdb_store import Store
 from ckptwatch.sinks.metrics import Metrics
@@ -69,6 +73,15 @@ class SinkMember:
         self.stats = SinkStats()
         ensure_topics(config.kafka, on_wait=self.on_message)
         k = config.kafka
+        self.mirror: notification_mirror.Mirror | None = None
+        if alerter is not None:  # a new database does not page again what was paged
+            restored = notification_mirror.restore(k, alerter.log, say=self.on_message)
+            if restored:
+                self.on_message(f"sink: the notification log is new: {restored} notification(s) already sent "
+                                f"restored from {k.notifications_topic}; they are not sent again")
+            self.mirror = notification_mirror.Mirror(k, Publisher(k, client_id="ckptwatch-sink",
+                                                                  on_wait=self.on_message), alerter.log)
+            alerter.on_sent = self.mirror.sent
         self.joined = False  # until the group coordinator assigned us partitions
         self._resumed: set[TopicPartition] = set()  # assigned; their resumed position not committed yet
         self.member = GroupMember(k, config.sink.group, [k.events_topic, k.incidents_topic], client_id="ckptwatch-sink",
@@ -114,6 +127,8 @@ class SinkMember:
         alert deliveries done or in flight (1 while not yet in the group, so that waiting to
         join is not mistaken for idleness)."""
         alerts = self.alerter.step() if self.alerter else 0
+        if self.mirror is not None:
+            self.mirror.flush()
         self._retain()
         return self._consume() + alerts
 
@@ -215,4 +230,7 @@ class SinkMember:
         """Leaves the group; waits for alerts in flight."""
         if self.alerter:
             self.alerter.close()
+        if self.mirror is not None:
+            self.mirror.flush()
+            self.mirror.publisher.close()
         self.member.close()

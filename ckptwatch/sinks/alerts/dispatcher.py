@@ -104,6 +104,9 @@ class Alerter:
         self._refreshed: dict[str, dt.datetime] = {}  # channel -> when its firing alerts were last re-posted
         self._refreshing: dict[str, Future[Outcome]] = {}
         self.pending_at_close: int | None = None  # set by close()
+        #: called with each notification a channel accepted, once recorded (the fleet sink
+        #: mirrors it to the notifications topic: :mod:`ckptwatch.services.notification_mirror`)
+        self.on_sent: Callable[[Notification], None] | None = None
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ckptwatch-alert")
         self.log.reset_pending(_utcnow())
         if self.metrics is not None:
@@ -242,6 +245,8 @@ class Alerter:
         if out.status == "sent":
             self.log.mark_sent(n.id, now)
             self.stats.sent += 1
+            if self.on_sent is not None:
+                self.on_sent(n)
             if self.metrics is not None:
                 self.metrics.alert_sent(n.channel, n.action)
             return

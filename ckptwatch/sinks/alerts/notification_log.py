@@ -201,6 +201,55 @@ class NotificationLog:
             "  > coalesce(max(CASE WHEN action = 'resolve' THEN id END), -1)", [channel]).fetchall()
         return [Incident.from_dict(json.loads(inc)) for (inc,) in rows]
 
+    def is_empty(self) -> bool:
+        """No notification was ever recorded here (a new database, or one that lost its log)."""
+        return not self.con.execute("SELECT count(*) FROM alerts").fetchall()[0][0]
+
+    def state(self, channel: str, incident_id: str) -> dict | None:
+        """What ``channel`` was told of the incident, as a JSON-ready dict (the value the sink
+        mirrors to the notifications topic, :mod:`ckptwatch.kafka.notifications`):
+        ``channel``, ``incident_id``, ``max_severity`` (name), ``resolved``, ``silenced``, and
+        ``incident``: the version last told (without its evidence). None when nothing was
+        sent."""
+        h = self.history(channel, [incident_id]).get(incident_id)
+        rows = self.con.execute(
+            "SELECT incident, sent_ts FROM alerts WHERE channel = ? AND incident_id = ? AND status = 'sent' "
+            "ORDER BY id DESC LIMIT 1", [channel, incident_id]).fetchall()
+        if h is None or not rows:
+            return None
+        inc = json.loads(rows[0][0])
+        inc["evidence"] = []
+        from ckptwatch.detectors.incident import SEVERITIES
+
+        return {"channel": channel, "incident_id": incident_id,
+                "max_severity": SEVERITIES[h.max_severity] if h.alerted else None, "resolved": h.resolved,
+                "silenced": h.silenced, "sent_ts": rows[0][1].isoformat() if rows[0][1] else None, "incident": inc}
+
+    def restore(self, states: Iterable[dict], now: dt.datetime) -> int:
+        """Record what other databases' logs said was sent (:meth:`state` dicts, from the
+        notifications topic) in this empty log, as ``sent`` rows marked ``restored``: an
+        alert (at the highest severity told) and, when it was resolved, its resolve. Dedup
+        then treats them as told (:func:`~.dedup.decide`). Returns how many states."""
+        n = 0
+        for st in states:
+            inc = json.dumps(st["incident"])
+            sent = dt.datetime.fromisoformat(st["sent_ts"]) if st.get("sent_ts") else now
+            rows = []
+            if st.get("max_severity"):
+                rows.append(("trigger", st["max_severity"]))
+            if st.get("resolved"):
+                rows.append(("resolve", st.get("max_severity")))
+            if st.get("silenced") and not rows:
+                rows.append(("trigger", None))
+            for action, severity in rows:
+                status = "silenced" if severity is None else "sent"
+                self.con.execute(
+                    "INSERT INTO alerts (channel, incident_id, action, severity, status, attempts, last_error, "
+                    "created_ts, sent_ts, incident) VALUES (?, ?, ?, ?, ?, 0, 'restored from the notifications topic', "
+                    "?, ?, ?)", [st["channel"], st["incident_id"], action, severity, status, sent, sent, inc])
+            n += 1
+        return n
+
     def only_silenced(self) -> list[tuple[str, Incident]]:
         """(channel, incident as last recorded) that were muted and never alerted."""
         rows = self.con.execute(
