@@ -106,7 +106,7 @@ def test_silence_cli_mutes_a_job_until_expired(copy_scenario, tmp_path, httpserv
 
 
 @pytest.mark.parametrize("table, message", [
-    ('type = "teams"', "[alerts.channels.x] type: must be one of slack, pagerduty, webhook, console (got 'teams')"),
+    ('type = "teams"', "[alerts.channels.x] type: must be one of slack, pagerduty, webhook, alertmanager, console (got 'teams')"),
     ('type = "slack"\nurl_env = "E2E_UNSET_VARIABLE"',
      "[alerts.channels.x] url_env: environment variable E2E_UNSET_VARIABLE is not set"),
     ('type = "slack"\nurl = "https://hooks.example/T000/B000/XXXXSECRETXXXX"\nmin_severity = "loud"',
