@@ -309,10 +309,23 @@ def test_silences_from_config_and_file_and_their_expiry(httpserver, rig, inciden
                                                             ("pager", "silenced"), ("pager", "silenced")]
     assert r.notify(incident, other, now=T0 + dt.timedelta(minutes=1)) == 0  # muted once, recorded once
     assert len(r.rows()) == 4
+    # silenced is not gone: the console says what was muted and by what, the summary counts it
+    out = r.out.getvalue()
+    assert (f"silenced until 2026-11-30 12:30 UTC by silence {s.id} (maintenance): interrupted_save: job "
+            "job-0201-sigkill: save of step 40") in out
+    assert "silenced until 2026-12-31 00:00 UTC by silence config-1 (debug jobs): interrupted_save: job debug-7" in out
+    assert r.alerter.summary().endswith("0 pending, 4 silenced")
+    r.store.upsert_incidents([incident, other])
+    from ckptwatch.history import queries
+
+    assert sorted(queries.list_incidents(r.store.raw).select("job", "paging").rows()) == [
+        ("debug-7", "silenced"), ("job-0201-sigkill", "silenced")]
     silence_file.expire(s.id, now=T0 + dt.timedelta(minutes=2))  # ended early, while running
     r.pump(T0 + dt.timedelta(minutes=3))
     r.pump(T0 + dt.timedelta(minutes=3))
     assert [b["dedup_key"] for b in sent(httpserver, "/v2/enqueue")] == [incident.id]  # debug-7 stays muted
+    assert [r[0] for r in queries.list_incidents(r.store.raw).sort("job").select("paging").rows()] == [
+        "silenced", "alerted"]
 
 
 def test_routing_by_severity_and_job_pattern(httpserver, rig, incident):

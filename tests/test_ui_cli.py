@@ -46,6 +46,8 @@ def test_ui_serves_a_database_at_rest(tmp_path):
         sigkill = next(i["id"] for i in doc["incidents"] if i["job"] == "job-0201-sigkill")
         status, page = get(url + f"incidents/{sigkill[:8]}")
         assert status == 200 and "<svg" in page and "/tmp/fx/logs/02-sigkill-mid-save/logs/attempt-1-train/console.log:63008" in page
+        assert 'id="paging">alerted</span>' in page  # its console report went out (schema 1: no provisional column)
+        assert {i["paging"] for i in doc["incidents"]} == {"alerted"}
         assert get(url + "incidents/ffffffff")[0] == 404
         status, body = get(url + "api/incidents?since=yesterday")
         assert status == 400 and json.loads(body)["error"].startswith("since yesterday: not a duration")

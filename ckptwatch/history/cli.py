@@ -137,8 +137,9 @@ def list_cmd(db: DbOpt = None, job: JobOpt = None, kind: KindOpt = None, severit
         _out.print("no incident matches" if any((job, kind, severity, status, since)) else "no incident recorded")
         return
     table = Table(box=None, pad_edge=False, header_style="bold")
-    for name in ("id", "detected (UTC)", "severity", "status", "kind", "job", "step", "root cause", "last good"):
-        table.add_column(name, no_wrap=name in ("id", "detected (UTC)", "severity", "status"))
+    for name in ("id", "detected (UTC)", "severity", "status", "paging", "kind", "job", "step", "root cause",
+                 "last good"):
+        table.add_column(name, no_wrap=name in ("id", "detected (UTC)", "severity", "status", "paging"))
     for r in frame.iter_rows(named=True):
         style = report.SEV_STYLE.get(r["severity"], "")
         cause = "-"
@@ -146,7 +147,8 @@ def list_cmd(db: DbOpt = None, job: JobOpt = None, kind: KindOpt = None, severit
             where = " ".join(f"{k} {v}" for k, v in (("rank", r["root_rank"]), ("on", r["root_host"])) if v is not None)
             cause = f"{r['root_cause_class']} {where}".strip()
         table.add_row(r["id"][:ID_SHOWN], _cell(r["detected_ts"]),
-                      f"[{style}]{r['severity']}[/{style}]" if style else r["severity"], r["status"], r["kind"],
+                      f"[{style}]{r['severity']}[/{style}]" if style else r["severity"], r["status"], r["paging"],
+                      r["kind"],
                       escape(_cell(r["job"])), _cell(r["step"]), escape(cause), _cell(r["last_good_step"]))
     _out.print(table)
     _err.print(f"[dim]{frame.height} incident(s)[/dim]")
@@ -178,9 +180,11 @@ def show_cmd(incident: Annotated[str, typer.Argument(metavar="ID", help="Inciden
              config: ConfigOpt = None) -> None:
     """One incident whole: the report diagnose prints, its evidence lines with their file
     and host, and the alerts sent about it."""
-    inc, evidence, alerts = _read_incident(_db(db, config), incident, lambda con, iid, _inc: queries.alerts_of(con, iid))
+    inc, evidence, (alerts, paging) = _read_incident(
+        _db(db, config), incident, lambda con, iid, _inc: (queries.alerts_of(con, iid), queries.paging_of(con, iid)))
     if as_json:
         doc = inc.to_dict()
+        doc["paging"] = paging
         for item, row in zip(doc["evidence"], evidence.iter_rows(named=True), strict=True):
             item["file"], item["read_on"] = row["file"], row["read_on"]
         doc["alerts"] = alerts.to_dicts()
@@ -195,6 +199,7 @@ def show_cmd(incident: Annotated[str, typer.Argument(metavar="ID", help="Inciden
         _out.print(f"    {r['ts']:%H:%M:%S.%f}"[:-3] + f"  {escape(who):<8} {r['role']:<10} {r['kind']:<18} "
                    f"[dim]{escape(where)}[/dim]")
         _out.print(f"      {escape(r['line'] or '')}")
+    _out.print(f"  paging       {paging}")
     if not alerts.is_empty():
         _out.print("  alerts")
         for a in alerts.iter_rows(named=True):

@@ -20,7 +20,28 @@ from ckptwatch.history.read import HistoryError, evidence_relation, has_column, 
 
 #: the columns of :func:`list_incidents`, in order
 LIST_COLUMNS = ("id", "detected_ts", "severity", "status", "kind", "job", "step", "root_cause_class", "root_rank",
-                "root_host", "last_good_step", "checkpoint_path")
+                "root_host", "last_good_step", "checkpoint_path", "paging")
+#: ``paging`` of an incident: what its notifications say (see :func:`paging_sql`)
+PAGING = ("alerted", "silenced", "provisional", "queued", "not alerted")
+
+
+def paging_sql(con: duckdb.DuckDBPyConnection) -> str:
+    """SQL for the ``paging`` of each row of ``incidents``: ``provisional`` (its evidence is
+    still settling: not sent yet), ``alerted`` (a channel accepted an alert of it),
+    ``silenced`` (a silence muted it on some channel and no channel was alerted), ``queued`` (an
+    alert waits for delivery), else ``not alerted`` (no route took it, or no alerter ran).
+    Works on databases of every schema version."""
+    provisional = "provisional" if has_column(con, "incidents", "provisional") else "false"
+    if not has_table(con, "alerts"):
+        return f"CASE WHEN {provisional} THEN 'provisional' ELSE 'not alerted' END"
+    alerting = "a.action IN ('trigger', 'escalate', 'update', 'realert')"
+    return (f"CASE WHEN {provisional} THEN 'provisional' "
+            f"WHEN EXISTS (SELECT 1 FROM alerts a WHERE a.incident_id = incidents.id AND a.status = 'sent' "
+            f"AND {alerting}) THEN 'alerted' "
+            "WHEN EXISTS (SELECT 1 FROM alerts a WHERE a.incident_id = incidents.id AND a.status = 'silenced') "
+            "THEN 'silenced' "
+            f"WHEN EXISTS (SELECT 1 FROM alerts a WHERE a.incident_id = incidents.id AND a.status = 'pending' "
+            f"AND {alerting}) THEN 'queued' ELSE 'not alerted' END")
 #: what ``incidents export`` can write
 EXPORT_TABLES = ("incidents", "evidence", "alerts")
 
@@ -33,7 +54,8 @@ def _frame(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any]) -> pl.Da
 def list_incidents(con: duckdb.DuckDBPyConnection, *, job: str | None = None, kind: str | None = None,
                    min_severity: str | None = None, status: str | None = None, since: dt.datetime | None = None,
                    limit: int | None = None) -> pl.DataFrame:
-    """Incidents, newest detection first (then newest first event), columns :data:`LIST_COLUMNS`.
+    """Incidents, newest detection first (then newest first event), columns :data:`LIST_COLUMNS`
+    (``paging``: :func:`paging_sql`).
 
     ``job``, ``kind``: shell globs (``train-*``); ``min_severity``: that severity and above
     (``SEVERITIES``); ``status``: one of ``STATUSES``, or ``all``; by default every status
@@ -61,9 +83,16 @@ def list_incidents(con: duckdb.DuckDBPyConnection, *, job: str | None = None, ki
     if since is not None:
         where.append("detected_ts >= ?")
         params.append(since)
-    sql = (f"SELECT {', '.join(LIST_COLUMNS)} FROM incidents" + (" WHERE " + " AND ".join(where) if where else "")
+    columns = [c if c != "paging" else f"{paging_sql(con)} AS paging" for c in LIST_COLUMNS]
+    sql = (f"SELECT {', '.join(columns)} FROM incidents" + (" WHERE " + " AND ".join(where) if where else "")
            + " ORDER BY detected_ts DESC, first_ts DESC, id" + (f" LIMIT {int(limit)}" if limit else ""))
     return _frame(con, sql, params)
+
+
+def paging_of(con: duckdb.DuckDBPyConnection, incident_id: str) -> str:
+    """The ``paging`` (:func:`paging_sql`) of one incident; ``not alerted`` for an unknown id."""
+    rows = con.execute(f"SELECT {paging_sql(con)} FROM incidents WHERE id = ?", [incident_id]).fetchall()
+    return rows[0][0] if rows else "not alerted"
 
 
 def find_incident(con: duckdb.DuckDBPyConnection, ref: str) -> str:

@@ -31,6 +31,8 @@ Metrics (every label has a small, fixed set of values; job ids only when configu
     Notifications a channel accepted; ``action`` such as ``trigger``, ``resolve``.
 ``ckptwatch_alerts_failed_total{channel,reason}``
     Notifications given up on; ``reason`` such as ``rejected`` or ``expired``.
+``ckptwatch_alerts_silenced_total{channel}``
+    Notifications a silence muted (one per channel and incident).
 ``ckptwatch_alert_retries_total{channel}``
     Delivery attempts retried after a transient failure.
 ``ckptwatch_alerts_pending{channel}`` (gauge)
@@ -90,6 +92,8 @@ class Metrics:
                                    ["channel", "action"], registry=r)
         self.alerts_failed = Counter("ckptwatch_alerts_failed", "Notifications given up on, by channel and reason.",
                                      ["channel", "reason"], registry=r)
+        self.alerts_silenced = Counter("ckptwatch_alerts_silenced", "Notifications muted by a silence, by channel.",
+                                       ["channel"], registry=r)
         self.alert_retries = Counter("ckptwatch_alert_retries", "Notification deliveries retried, by channel.",
                                      ["channel"], registry=r)
         self.alerts_pending = Gauge("ckptwatch_alerts_pending", "Notifications queued, not delivered yet.",
@@ -173,11 +177,16 @@ class Metrics:
         for reason in ("rejected", "expired"):
             self.alerts_failed.labels(channel, reason)
         self.alert_retries.labels(channel)
+        self.alerts_silenced.labels(channel)
         self.alerts_pending.labels(channel).set(0)
 
     def alert_sent(self, channel: str, action: str) -> None:
         """One notification accepted by ``channel``; ``action`` such as ``trigger``, ``resolve``."""
         self.alerts_sent.labels(channel, action).inc()
+
+    def alert_silenced(self, channel: str) -> None:
+        """One notification to ``channel`` muted by a silence."""
+        self.alerts_silenced.labels(channel).inc()
 
     def alert_failed(self, channel: str, reason: str) -> None:
         """One notification given up on; ``reason`` such as ``rejected`` or ``expired``."""

@@ -2,7 +2,8 @@
 
 A trigger prints the full text report (:func:`ckptwatch.sinks.report.render_text`), an
 escalation or re-alert prints it again under a one-line heading, a resolve prints one
-line. The incident is redacted as a whole like on every other channel (checkpoint paths,
+line, and an incident a silence mutes prints one line saying so (:meth:`ConsoleChannel.silenced`).
+The incident is redacted as a whole like on every other channel (checkpoint paths,
 last good checkpoint, root cause, evidence, remediation), before anything is printed.
 """
 
@@ -13,11 +14,13 @@ import threading
 from rich.console import Console
 from rich.markup import escape
 
-from ckptwatch.detectors.headline import where
+from ckptwatch.detectors.headline import headline, where
+from ckptwatch.detectors.incident import Incident
 from ckptwatch.sinks import report
 from ckptwatch.sinks.alerts.http import Outcome
 from ckptwatch.sinks.alerts.notification_log import Notification
 from ckptwatch.sinks.alerts.redact import Redactor
+from ckptwatch.sinks.alerts.silences import Silence
 
 _HEADING = {"escalate": "severity rose", "realert": "still open", "update": "root cause revised"}
 
@@ -31,6 +34,14 @@ class ConsoleChannel:
         self.name, self.redactor = name, redactor
         self.console = console or Console(highlight=False, soft_wrap=True)
         self._lock = threading.Lock()  # deliveries run on worker threads: one report at a time
+
+    def silenced(self, inc: Incident, silence: Silence) -> None:
+        """Say that ``inc`` (redacted) was muted by ``silence``, in one line: a silenced
+        incident is not paged, but it does not vanish from the console either."""
+        why = f" ({silence.comment})" if silence.comment else ""
+        with self._lock:
+            self.console.print(f"[dim]silenced until {silence.expires:%Y-%m-%d %H:%M} UTC by silence {silence.id}{escape(why)}:"
+                               f"[/dim] {escape(headline(inc))} [dim](incident {inc.id})[/dim]")
 
     def deliver(self, n: Notification) -> Outcome:
         """Print the report (or the resolve line) of ``n``'s redacted incident."""

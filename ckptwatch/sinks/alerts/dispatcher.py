@@ -139,6 +139,12 @@ class Alerter:
                 if action == "silenced":
                     self.log.enqueue(name, inc, "trigger", now, status="silenced")
                     self.stats.silenced += 1
+                    if self.metrics is not None:
+                        self.metrics.alert_silenced(name)
+                    note = getattr(self.channels[name][1], "silenced", None)
+                    if note is not None:  # the console shows what was muted, and by what
+                        muting = next(s for s in active if s.mutes(lbls, now))
+                        note(self.redactor.incident(inc), muting)
                 elif action == NOTICE:  # resolved before any alert: told once, opened and closed
                     self.log.enqueue(name, inc, "trigger", now)
                     self.log.enqueue(name, inc, "resolve", now)
@@ -310,12 +316,14 @@ class Alerter:
         self.pending_at_close = sum(self.log.pending_counts().values())
 
     def summary(self) -> str:
-        """One line for the operator: what this process sent, gave up on, left queued."""
+        """One line for the operator: what this process sent, gave up on, left queued, and
+        the notifications silences muted (one per channel and incident)."""
         s = self.stats
         pending = self.pending_at_close
         if pending is None:
             pending = sum(self.log.pending_counts().values())
-        text = f"alerts: {s.sent} sent, {s.rejected} rejected, {s.expired} expired, {pending} pending"
+        text = (f"alerts: {s.sent} sent, {s.rejected} rejected, {s.expired} expired, {pending} pending, "
+                f"{s.silenced} silenced")
         return text + (" (retried on the next run)" if pending else "")
 
     @property
