@@ -61,7 +61,14 @@ def test_slack_message_blocks_and_limits(sigkill_incident):
     msg = slack.message(sigkill_incident, redactor=Redactor.load())
     assert msg["text"].startswith("interrupted_save: job job-0201-sigkill: save of step 40 ")
     kinds = [b["type"] for b in msg["blocks"]]
-    assert kinds == ["header", "section", "section", "section", "section", "section", "context"]
+    assert kinds == ["header", "section", "section", "section", "section", "section", "section", "context"]
+    assert msg["blocks"][5]["text"]["text"] == (
+        "*Commands*\n```ckptwatch verify /tmp/corpus-work/02-sigkill-mid-save/checkpoints/iter_0000040  # verify\n"
+        "mv /tmp/corpus-work/02-sigkill-mid-save/checkpoints/iter_0000040 "
+        "/tmp/corpus-work/02-sigkill-mid-save/checkpoints/iter_0000040.partial  # quarantine\n"
+        "ckptwatch verify /tmp/corpus-work/02-sigkill-mid-save/checkpoints/iter_0000020  # verify\n"
+        "echo 20 > /tmp/corpus-work/02-sigkill-mid-save/checkpoints/latest_checkpointed_iteration.txt  # resume\n"
+        "--load /tmp/corpus-work/02-sigkill-mid-save/checkpoints --ckpt-step 20  # resume```")
     assert msg["blocks"][0]["text"]["text"] == ("CRITICAL interrupted_save: job job-0201-sigkill step 40 "
                                                 "(/tmp/corpus-work/02-sigkill-mid-save/checkpoints/iter_0000040)")
     assert msg["blocks"][1]["text"]["text"] == msg["text"]

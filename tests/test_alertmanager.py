@@ -289,7 +289,9 @@ def test_the_payload_is_alertmanagers_postable_alert(corpus02):
                              "kind": "poisoned_resume", "severity": "critical", "job": "job-0202-resume-iter40",
                              "step": "40", "checkpoint": "/tmp/corpus-work/02-sigkill-mid-save/checkpoints/iter_0000040"}
     assert set(doc["annotations"]) == {"summary", "description", "remediation", "last_good", "first_event",
-                                       "runbook_url"}
+                                       "runbook_url", "commands", "verify_command"}
+    assert doc["annotations"]["verify_command"] == \
+        "ckptwatch verify /tmp/corpus-work/02-sigkill-mid-save/checkpoints/iter_0000040"
     assert doc["annotations"]["runbook_url"] == "https://runbooks.example/ckpt#poisoned_resume"
     assert doc["annotations"]["description"] == "its save was interrupted by SIGKILL (rank 2, host vm)"
     ended = alertmanager.alert(detected, firing=False, now=now)

@@ -122,6 +122,9 @@ class Incident:
     #: shown at once, paged only once a version that is not provisional comes (see
     #: :mod:`ckptwatch.detectors.save_incidents`), so a later line cannot revise a page
     provisional: bool = False
+    #: what to paste: ``{"purpose", "command", "framework", "source"}`` dicts, set by the
+    #: runner from the incident's facts (:func:`ckptwatch.detectors.commands.commands`)
+    commands: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.id:
@@ -147,6 +150,7 @@ class Incident:
             "first_ts": self.first_ts.isoformat(),
             "detected_ts": self.detected_ts.isoformat() if self.detected_ts else None,
             "provisional": self.provisional,
+            "commands": self.commands,
             "evidence": [e.to_dict() for e in self.evidence],
         }
 
@@ -169,7 +173,7 @@ class Incident:
             last_good_checkpoint=d.get("last_good_checkpoint"), remediation=d.get("remediation", ""),
             first_ts=dt.datetime.fromisoformat(d["first_ts"]), evidence=evidence, severity=d.get("severity", ""),
             status=d.get("status", "open"), detected_ts=_parse_ts(d.get("detected_ts")), id=d.get("id", ""),
-            provisional=bool(d.get("provisional", False)),
+            provisional=bool(d.get("provisional", False)), commands=list(d.get("commands") or []),
         )
 
     def withdraw(self, reason: str) -> None:

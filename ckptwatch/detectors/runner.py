@@ -23,6 +23,7 @@ import polars as pl
 
 from ckptwatch.detectors import integrity_incidents, resume_incidents, retire, save_incidents
 from ckptwatch.detectors.checkpoints import CheckpointRegistry, SaveFact, checkpoint_key
+from ckptwatch.detectors.commands import commands as commands_of
 from ckptwatch.detectors.regression import RegressionSettings, saver_windows
 from ckptwatch.detectors.events import LOADING_KINDS, Ev, is_host_event
 from ckptwatch.detectors.incident import Incident
@@ -635,6 +636,7 @@ class Detector:
                 old.status = "superseded"
                 out.append(old)
         by[key] = inc.id
+        inc.commands = commands_of(inc)
         fp = inc.fingerprint()
         prev = self._emitted.get(inc.id)
         if prev is not None and prev[0] == fp:

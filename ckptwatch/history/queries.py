@@ -118,15 +118,15 @@ def load_incident(con: duckdb.DuckDBPyConnection, incident_id: str) -> tuple[Inc
     :class:`Incident`, as ``diagnose`` reports it), and its evidence rows with ``file`` and
     ``read_on`` (columns of ``incident_evidence`` plus those two, in ``seq`` order). Raises
     HistoryError when there is no such incident."""
-    provisional = "provisional" if has_column(con, "incidents", "provisional") else "false"  # schema v3
+    v3 = has_column(con, "incidents", "commands")  # schema 3: provisional, commands
     rows = con.execute(
         "SELECT id, kind, severity, status, job, step, checkpoint_path, root_cause, collateral, checkpoint_state, "
-        f"last_good_step, last_good_path, remediation, first_ts, detected_ts, {provisional} FROM incidents WHERE id = ?",
-        [incident_id]).fetchall()
+        "last_good_step, last_good_path, remediation, first_ts, detected_ts, "
+        f"{'provisional, commands' if v3 else 'false, NULL'} FROM incidents WHERE id = ?", [incident_id]).fetchall()
     if not rows:
         raise HistoryError(f"incident {incident_id}: no such id")
     (iid, kind, severity, status, job, step, path, rc, collateral, cs, lg_step, lg_path, remediation, first_ts,
-     detected_ts, is_provisional) = rows[0]
+     detected_ts, is_provisional, cmds) = rows[0]
     evidence = _frame(con, f"SELECT * FROM {evidence_relation(con)} WHERE incident_id = ? ORDER BY seq", [incident_id])
     inc = Incident.from_dict({
         "id": iid, "kind": kind, "severity": severity, "status": status, "job": job, "step": step,
@@ -134,7 +134,8 @@ def load_incident(con: duckdb.DuckDBPyConnection, incident_id: str) -> tuple[Inc
         "checkpoint_state": json.loads(cs) if cs else {},
         "last_good_checkpoint": {"step": lg_step, "path": lg_path} if lg_step is not None else None,
         "remediation": remediation or "", "first_ts": first_ts.isoformat(),
-        "detected_ts": detected_ts.isoformat() if detected_ts else None, "provisional": bool(is_provisional)})
+        "detected_ts": detected_ts.isoformat() if detected_ts else None, "provisional": bool(is_provisional),
+        "commands": json.loads(cmds) if cmds else []})
     inc.evidence = [EvidenceItem(r["source_id"], r["offset"], r["ts"], r["kind"], r["rank"], r["host"],
                                  r["rule_id"], r["line"], r["role"]) for r in evidence.iter_rows(named=True)]
     return inc, evidence

@@ -805,8 +805,9 @@ class Store:
             self.con.execute(
                 """INSERT INTO incidents (id, kind, severity, status, job, step, checkpoint_path, root_cause_class,
                    root_rank, root_host, root_pid, root_ts, root_line, root_cause, collateral, checkpoint_state,
-                   last_good_step, last_good_path, remediation, first_ts, detected_ts, updated_ts, provisional)
-                   VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
+                   last_good_step, last_good_path, remediation, first_ts, detected_ts, updated_ts, provisional,
+                   commands)
+                   VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
                    ON CONFLICT (id) DO UPDATE SET kind=excluded.kind, severity=excluded.severity,
                    status=excluded.status, job=excluded.job, step=excluded.step,
                    checkpoint_path=excluded.checkpoint_path, root_cause_class=excluded.root_cause_class,
@@ -815,13 +816,13 @@ class Store:
                    collateral=excluded.collateral, checkpoint_state=excluded.checkpoint_state,
                    last_good_step=excluded.last_good_step, last_good_path=excluded.last_good_path,
                    remediation=excluded.remediation, first_ts=excluded.first_ts,
-                   updated_ts=excluded.updated_ts, provisional=excluded.provisional""",
+                   updated_ts=excluded.updated_ts, provisional=excluded.provisional, commands=excluded.commands""",
                 [inc.id, inc.kind, inc.severity, inc.status, inc.job, inc.step, inc.checkpoint_path,
                  rc.cls if rc else None, rc.rank if rc else None, rc.host if rc else None,
                  rc.pid if rc else None, rc.ts if rc else None, rc.line if rc else None,
                  json.dumps(rc.to_dict()) if rc else None, inc.collateral,
                  json.dumps(inc.checkpoint_state), lg.get("step"), lg.get("path"), inc.remediation,
-                 inc.first_ts, inc.detected_ts or now, now, inc.provisional],
+                 inc.first_ts, inc.detected_ts or now, now, inc.provisional, json.dumps(inc.commands)],
             )
             self.con.execute("DELETE FROM incident_evidence WHERE incident_id = ?", [inc.id])
             rows = [(inc.id, i, e.source_id, e.offset, e.role, e.ts, e.kind, e.rank, e.host, e.rule_id, e.line)
@@ -844,9 +845,10 @@ class Store:
             evidence.setdefault(iid, []).append(EvidenceItem(*item))
         out = []
         for (iid, kind, severity, status, job, step, path, rc, collateral, cs, lg_step, lg_path, remediation,
-             first_ts, detected_ts, provisional) in self.con.execute(
+             first_ts, detected_ts, provisional, cmds) in self.con.execute(
                 "SELECT id, kind, severity, status, job, step, checkpoint_path, root_cause, collateral, "
-                "checkpoint_state, last_good_step, last_good_path, remediation, first_ts, detected_ts, provisional "
+                "checkpoint_state, last_good_step, last_good_path, remediation, first_ts, detected_ts, provisional, "
+                "commands "
                 "FROM incidents WHERE status = 'open' ORDER BY id").fetchall():
             inc = Incident.from_dict({
                 "id": iid, "kind": kind, "severity": severity, "status": status, "job": job, "step": step,
@@ -854,7 +856,8 @@ class Store:
                 "checkpoint_state": json.loads(cs) if cs else {},
                 "last_good_checkpoint": {"step": lg_step, "path": lg_path} if lg_step is not None else None,
                 "remediation": remediation, "first_ts": first_ts.isoformat(),
-                "detected_ts": detected_ts.isoformat() if detected_ts else None, "provisional": bool(provisional)})
+                "detected_ts": detected_ts.isoformat() if detected_ts else None, "provisional": bool(provisional),
+                "commands": json.loads(cmds) if cmds else []})
             inc.evidence = evidence.get(iid, [])
             out.append(inc)
         return out

@@ -43,6 +43,8 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     3: (
         # an incident concluded before its evidence window closed: shown, not paged yet
         "ALTER TABLE incidents ADD COLUMN IF NOT EXISTS provisional BOOLEAN DEFAULT false",
+        # what to paste: verify, resume from the last good checkpoint, reshard, longer timeout
+        "ALTER TABLE incidents ADD COLUMN IF NOT EXISTS commands JSON",
     ),
 }
 

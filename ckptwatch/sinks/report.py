@@ -79,6 +79,11 @@ def render_text(incidents: list[Incident], console: Console, stats: dict[str, An
         lg_text = (f"step {lg['step']}" + (f"  {lg['path']}" if lg.get("path") else "")) if lg else "none seen"
         console.print(f"  last good    {escape(lg_text)}")
         console.print(f"  do this      {escape(inc.remediation)}")
+        if inc.commands:
+            console.print("  commands")
+            for c in inc.commands:
+                console.print(f"    [bold]{escape(c['command'])}[/bold]  [dim]# {c['purpose']}: {escape(c['source'])}[/dim]",
+                              soft_wrap=True)
         console.print("  timeline")
         for line in timeline(inc):
             console.print(f"    {escape(line)}", soft_wrap=True)

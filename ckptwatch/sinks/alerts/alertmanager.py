@@ -14,7 +14,8 @@ error (the NFS server a kernel line names, else the bucket of a cloud path, else
 two parts of the checkpoint path: a shared mount), plus the channel's static ``labels``
 (``cluster = "a"``). Empty values are left out (Alertmanager treats a missing label and an
 empty one alike). Annotations: ``summary`` (the headline), ``description`` (what broke),
-``remediation``, ``last_good``, ``first_event`` (the event time of its first line), and ``runbook_url`` / ``incident_url`` when the channel
+``remediation``, ``last_good``, ``first_event`` (the event time of its first line),
+``commands`` (one per line) and ``verify_command``, and ``runbook_url`` / ``incident_url`` when the channel
 sets ``runbook_url`` (``{kind}`` is replaced) and ``console_url``.
 
 Firing and resolving: a firing alert is posted with ``endsAt`` = now + 4 ×
@@ -99,6 +100,11 @@ def annotations(inc: Incident, *, console_url: str = "", runbook_url: str = "") 
     ``runbook_url`` and ``incident_url``; ``inc`` redacted already."""
     out = {"summary": headline(inc), "description": why(inc), "remediation": inc.remediation,
            "last_good": last_good(inc.last_good_checkpoint), "first_event": _rfc3339(inc.first_ts)}
+    if inc.commands:
+        out["commands"] = "\n".join(f"{c['command']}  # {c['purpose']}" for c in inc.commands)
+        verify = next((c["command"] for c in inc.commands if c["purpose"] == "verify"), None)
+        if verify:
+            out["verify_command"] = verify
     if runbook_url:
         out["runbook_url"] = runbook_url.replace("{kind}", inc.kind)
     if console_url:

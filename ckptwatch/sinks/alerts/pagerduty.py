@@ -66,6 +66,7 @@ def trigger(inc: Incident, *, routing_key: str, redactor: Redactor, source: str 
         "checkpoint_state": inc.checkpoint_state,
         "last_good_checkpoint": {"step": lg.get("step"), "path": lg.get("path")} if lg else None,
         "remediation": inc.remediation,
+        "commands": [f"{c['command']}  # {c['purpose']}" for c in inc.commands],
         "timeline": timeline(inc),
     }
     return {

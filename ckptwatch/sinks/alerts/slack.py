@@ -104,6 +104,9 @@ def message(inc: Incident, *, redactor: Redactor, action: str = "trigger", maybe
     if rc and rc.line:
         blocks.append(_section("*Initiating line*\n```" + rc.line + "```"))
     blocks.append(_section("*Do this*\n" + inc.remediation))
+    if inc.commands:
+        blocks.append(_section("*Commands*\n```" + "\n".join(f"{c['command']}  # {c['purpose']}" for c in inc.commands)
+                               + "```"))
     lines = "\n".join(timeline(inc))
     blocks.append(_section("*Timeline*\n```" + _fit(lines, SECTION_MAX - 40) + "```"))
     blocks.append(_context(inc, maybe_duplicate))
