@@ -222,6 +222,8 @@ def headline(inc: Incident) -> str:
         fact = f"checkpoint {at}: {w}; {last_good(inc.last_good_checkpoint)}"
     elif kind == "poisoned_resume":
         fact = f"resumed from a bad checkpoint, {at}: {w}; {last_good(inc.last_good_checkpoint)}"
+    elif kind == "load_failure" and (inc.checkpoint_state or {}).get("after_load"):
+        fact = f"after loading {at}, the first use failed: {w}"
     elif kind == "load_failure":
         fact = f"loading {at} failed: {w}"
     elif kind == "world_size_mismatch":

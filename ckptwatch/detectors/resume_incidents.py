@@ -20,7 +20,9 @@
   a DTensor copied between different ``DeviceMesh`` sizes), or the job's world size
   differs from that of the save it loads.
 * ``load_failure`` (error): any other load-error fingerprint (torch zip, unpickling, EOF,
-  safetensors header, missing ``.metadata`` or shard, size mismatches), one incident per
+  safetensors header, missing ``.metadata`` or shard, size mismatches; and, in a job that
+  loaded a checkpoint before them, the fingerprints of a load that "worked": an empty
+  ``EmbeddingBag`` input, optimizer state of other shapes at the first step), one incident per
   job and checkpoint, linked to the save incident of the same checkpoint when there is
   one ("this load failed because the save at step N was interrupted by ...").
 """
@@ -222,7 +224,11 @@ def evaluate(state: JobState, registry: CheckpointRegistry,
             first_ts=ld.first_ts, evidence=state.evidence(context),
             provisional=bad.provisional,  # what broke the checkpoint may still be revised
         ))
-    errors = [e for e in events if e.kind == "load_error"]
+    # a fingerprint seen after a load (the first forward or optimizer step: an empty
+    # EmbeddingBag input, optimizer state of other shapes) is a load failure only in a job
+    # that loaded a checkpoint before it; anywhere else it is an ordinary bug
+    errors = [e for e in events if e.kind == "load_error"
+              and (e.attrs.get("after_load") != "yes" or any(ld.first_ts <= e.ts for ld in loads))]
     for key, errs in _group_errors(errors, loads).items():
         out.append(_load_incident(state, registry, key, errs, loads))
     return out, waiting
@@ -293,6 +299,9 @@ def _load_incident(state: JobState, registry: CheckpointRegistry, key: Checkpoin
     ws = _world_sizes(errs, state, save.world_size if save else None)
     items = [(e, "root_cause") for e in errs] + [(e, "resume") for e in (load.events if load else [])]
     cs: dict = {"errors": classes, "ranks": ranks}
+    after = all(e.attrs.get("after_load") == "yes" for e in errs)  # it loaded, then broke at first use
+    if after:
+        cs["after_load"] = True
     if bad is not None:
         cs.update(save_incident=bad.id, save_kind=bad.kind, bad_cause=_cause_of(bad))
     if ws is not None:
@@ -306,9 +315,13 @@ def _load_incident(state: JobState, registry: CheckpointRegistry, key: Checkpoin
         kind = "world_size_mismatch"
     else:
         why = f"It failed because {_bad_summary(bad)}. " if bad is not None else ""
-        remediation = (f"Loading {path or 'the checkpoint'} failed ({', '.join(classes)}). {why}"
-                       f"{_resume_from(bad.last_good_checkpoint) if bad is not None else ''} "
-                       "Run `ckptwatch verify` on the checkpoint to see which files are missing or damaged.").strip()
+        what = (f"The job loaded {path or 'a checkpoint'}, then failed at its first use ({', '.join(classes)}): the "
+                "checkpoint loads, but the state it holds is not what the model or optimizer needs (empty or "
+                "wrongly shaped tensors: a damaged or mismatched checkpoint)." if after
+                else f"Loading {path or 'the checkpoint'} failed ({', '.join(classes)}).")
+        parts = (what, why.strip(), _resume_from(bad.last_good_checkpoint) if bad is not None else "",
+                 "Run `ckptwatch verify` on the checkpoint to see which files are missing or damaged.")
+        remediation = " ".join(p for p in parts if p)
         kind = "load_failure"
     return Incident(
         kind=kind, job=state.job, step=key[1], checkpoint_path=path, root_cause=None, collateral=[],
