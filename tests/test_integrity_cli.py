@@ -190,3 +190,24 @@ def test_symlink_loop_is_a_finding_not_a_traceback(ckpt):
     assert out[:2] == ["incomplete a symlink_loop: symlink loop (a -> b -> ...): never reaches a file",
                        "incomplete b symlink_loop: symlink loop (b -> a -> ...): never reaches a file"]
     assert out[2].startswith(f"INCOMPLETE {ckpt}: 2 incomplete, 15 ok; 15 files")
+
+
+def test_manifest_diff_rehash_compares_the_bytes_on_disk_not_copied_manifests(ckpt, tmp_path):
+    """Issue 17, "hash or size differs across saves of identical state": a damaged copy that
+    carries the original's manifest diffs as the same by manifest, and differs with --rehash."""
+    cli("manifest", ckpt)
+    other = copy_checkpoint(tmp_path / "checkpoint-60.copy")
+    (other / MANIFEST_NAME).write_bytes((ckpt / MANIFEST_NAME).read_bytes())  # the manifest copied along
+    flip_middle_byte(other / SHARD)
+    by_manifest = cli("manifest", "diff", ckpt, other)
+    assert by_manifest.exit_code == 0 and lines(by_manifest.stdout)[0].startswith("same: 15 files")
+    r = cli("manifest", "diff", "--rehash", ckpt, other)
+    assert r.exit_code == 1, r.output
+    assert lines(r.stdout)[0].startswith(f"hash changed {SHARD} (16,246 bytes, sha256 ")
+    assert "A: checkpoint-60 (step 60, hashed now); B: checkpoint-60.copy (step 60, hashed now)" in r.stdout
+    assert r.stderr.count("--rehash: hashing its files now") == 2
+    r = cli("manifest", "diff", "--rehash", ckpt / MANIFEST_NAME, other / MANIFEST_NAME)  # manifests stand for dirs
+    assert r.exit_code == 1
+    r = cli("manifest", "diff", "--rehash", ckpt, tmp_path / "nope")
+    assert r.exit_code == 2 and lines(r.stderr)[-1] == \
+        f"error: {tmp_path / 'nope'}: --rehash compares the bytes on disk: give a checkpoint directory"

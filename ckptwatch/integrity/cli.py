@@ -1,7 +1,7 @@
 """Command line of the integrity checks: ``ckptwatch manifest`` and ``ckptwatch verify``.
 
     ckptwatch manifest DIR [--world-size N] [--step N] [--limit NAME=VALUE ...]   # write DIR/ckptwatch-manifest.json
-    ckptwatch manifest diff A B [--json]                  # A, B: checkpoint dirs or manifest files
+    ckptwatch manifest diff A B [--json] [--rehash]       # A, B: checkpoint dirs or manifest files
     ckptwatch verify DIR [--manifest PATH] [--json] [--all] [--workers N] [--limit NAME=VALUE ...]
 
 Exit codes: ``manifest`` 0 written, 1 written but the checkpoint already fails a check
@@ -169,14 +169,20 @@ def manifest_create(
         raise typer.Exit(1)
 
 
-def _load_side(arg: Path, label: str, workers: int | None) -> Manifest:
-    """A diff operand: a manifest file, a directory's manifest, or a directory hashed now."""
+def _load_side(arg: Path, label: str, workers: int | None, rehash: bool = False) -> Manifest:
+    """A diff operand: a manifest file, a directory's manifest, or a directory hashed now
+    (``rehash``: always, its manifest ignored; a manifest file stands for its directory)."""
     from ckptwatch.integrity.errors import IntegrityError
-    from ckptwatch.integrity.manifest import create_manifest, manifest_path, read_manifest
+    from ckptwatch.integrity.manifest import create_manifest, is_manifest_file, manifest_path, read_manifest
 
     try:
-        if arg.is_dir() and not manifest_path(arg).exists():
-            _info(f"{label} {arg}: no {manifest_path(arg).name}: hashing its files now")
+        if rehash and arg.is_file() and is_manifest_file(arg.name):
+            arg = arg.parent
+        if rehash and not arg.is_dir():
+            raise _fail(f"{arg}: --rehash compares the bytes on disk: give a checkpoint directory")
+        if arg.is_dir() and (rehash or not manifest_path(arg).exists()):
+            why = "--rehash" if rehash else f"no {manifest_path(arg).name}"
+            _info(f"{label} {arg}: {why}: hashing its files now")
             with _progress(f"hashing {label}") as (progress, on_listed):
                 m = create_manifest(arg, workers=workers, progress=progress, on_listed=on_listed, write=False)[0]
                 return dataclasses.replace(m, tool=_HASHED_NOW)
@@ -197,16 +203,20 @@ def manifest_diff(
                                           "hash_changed.")] = False,
     workers: Annotated[int | None, typer.Option("--workers", min=1, help="Hashing threads for a directory "
                                                 "without a manifest.")] = None,
+    rehash: Annotated[bool, typer.Option("--rehash", help="Hash the bytes on disk now, whatever manifests the "
+                                         "directories hold (a damaged copy carrying a copied manifest then differs).")]
+    = False,
 ) -> None:
     """Files that differ between checkpoints A and B: added, removed, size or SHA-256 changed.
 
     A directory stands for its ckptwatch-manifest.json, or, without one, for its files
-    hashed now. Exit 0: same; 1: they differ; 2: usage or input error.
+    hashed now; with --rehash, always for its files hashed now. Exit 0: same; 1: they
+    differ; 2: usage or input error.
     """
     from ckptwatch.integrity.manifest import diff
 
     try:
-        ma, mb = _load_side(Path(a), "A", workers), _load_side(Path(b), "B", workers)
+        ma, mb = _load_side(Path(a), "A", workers, rehash), _load_side(Path(b), "B", workers, rehash)
     except KeyboardInterrupt:
         raise _fail("interrupted", 130) from None
     d = diff(ma, mb)
