@@ -52,6 +52,7 @@ def test_an_embedded_round_loses_nothing_repeats_nothing_and_finds_the_same_inci
 
 
 @pytest.mark.kafka
+@pytest.mark.slow  # about 2 minutes: `make test-slow` and `make soak` run it; the embedded round stays in CI
 def test_a_fleet_round_loses_nothing_repeats_nothing_and_finds_the_same_incidents(kafka_bootstrap, tmp_path):
     # the reference is the fault-free embedded run (same lines): fleet and embedded find the same
     # incidents (README, "equivalence"), and one fleet run less keeps this test short
