@@ -6,7 +6,8 @@ Grammar (one line, fields in this order, optional ones left out when unknown)::
     ckptwatch event=<event> [step=<int>] [rank=<int>] [world_size=<int>] [<extra>=<value> ...] path=<path>
 
 * ``event``: ``save_start`` | ``save_end`` | ``integrity`` | ``resume`` (the event kinds of
-  DESIGN.md of the same name);
+  DESIGN.md of the same name) | ``probe`` (:mod:`ckptwatch.probe`: ``verdict=<ok|degenerate>
+  reason=<...> values rows distinct_rows finite std``);
 * extras, for ``save_end``: ``files=<int> bytes=<int>``; for ``integrity``:
   ``verdict=<ok|unverifiable|incomplete|corrupt> files=<int> bytes=<int> problems=<int>
   manifest=<yes|no> detail="<first problem>"`` (``"`` in the detail becomes ``'``);
@@ -23,7 +24,7 @@ import datetime as dt
 import sys
 from collections.abc import Callable
 
-EVENTS = ("save_start", "save_end", "integrity", "resume")
+EVENTS = ("save_start", "save_end", "integrity", "resume", "probe")
 
 #: Where a line goes: a callable taking the line (no newline).
 Emit = Callable[[str], None]
