@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kafka import TopicPartition
+from kafka.errors import KafkaError
 from kafka.consumer.fetcher import ConsumerRecord
 
 from ckptwatch import failpoints
@@ -75,7 +76,12 @@ class SinkMember:
         k = config.kafka
         self.mirror: notification_mirror.Mirror | None = None
         if alerter is not None:  # a new database does not page again what was paged
-            restored = notification_mirror.restore(k, alerter.log, say=self.on_message)
+            try:
+                restored = notification_mirror.restore(k, alerter.log, say=self.on_message)
+            except KafkaError as e:  # paging twice beats not starting: say so, go on
+                restored = 0
+                self.on_message(f"sink: could not read {k.notifications_topic} ({e}): the notification log "
+                                "stays empty, so incidents paged by an earlier database may be paged again")
             if restored:
                 self.on_message(f"sink: the notification log is new: {restored} notification(s) already sent "
                                 f"restored from {k.notifications_topic}; they are not sent again")
