@@ -488,3 +488,39 @@ def test_an_unusable_url_is_refused_at_start_without_echoing_it(monkeypatch, tmp
         assert str(e.value) == f"[alerts.channels.s] url_env: TEST_SLACK_URL: the value {reason}"
     finally:
         store.close()
+
+
+def test_group_by_pages_one_storage_outage_once_on_a_direct_channel(httpserver, rig, incident):
+    """Issue 17: three jobs failing on one NFS server within the window are one page; a
+    fourth on another server is its own; resolves follow the paged incident only."""
+    import dataclasses
+
+    from ckptwatch.detectors.incident import incident_id
+
+    httpserver.expect_request("/v2/enqueue").respond_with_json({"status": "success"}, status=202)
+    tables = channels(httpserver, "pager")
+    tables["pager"]["group_by"] = ["storage_host"]
+    r = rig(tables)
+
+    def on(job: str, server: str):
+        rc = dataclasses.replace(incident.root_cause, cls="storage_error",
+                                 line=f"kernel: nfs: server {server} not responding, still trying")
+        return version(incident, job=job, root_cause=rc, kind="storage_failure_during_save",
+                       id=incident_id(job, "storage_failure_during_save", 40, incident.checkpoint_path))
+
+    outage = [on(f"llm-{i}", "filer-2") for i in range(3)]
+    other = on("llm-9", "filer-7")
+    r.notify(*outage, other)
+    r.pump()
+    pd = sent(httpserver, "/v2/enqueue")
+    assert sorted(p["dedup_key"] for p in pd) == sorted([outage[0].id, other.id])
+    rows = r.store.raw.execute("SELECT incident_id, status, last_error FROM alerts WHERE channel = 'pager' "
+                               "AND status = 'grouped' ORDER BY incident_id").fetchall()
+    assert rows == sorted((i.id, "grouped", f"grouped under incident {outage[0].id} (storage_host=filer-2)")
+                          for i in outage[1:])
+    r.notify(*[version(i, remediation="more evidence") for i in outage], now=T0 + dt.timedelta(minutes=1))
+    r.notify(*[version(i, status="resolved") for i in outage], now=T0 + dt.timedelta(minutes=2))
+    r.pump(T0 + dt.timedelta(minutes=2))
+    pd = sent(httpserver, "/v2/enqueue")
+    assert [(p["event_action"], p["dedup_key"]) for p in pd[2:]] == [("resolve", outage[0].id)]
+    assert "2 grouped" in r.alerter.summary()

@@ -22,12 +22,13 @@ from ckptwatch.history.read import HistoryError, evidence_relation, has_column, 
 LIST_COLUMNS = ("id", "detected_ts", "severity", "status", "kind", "job", "step", "root_cause_class", "root_rank",
                 "root_host", "last_good_step", "checkpoint_path", "paging")
 #: ``paging`` of an incident: what its notifications say (see :func:`paging_sql`)
-PAGING = ("alerted", "silenced", "provisional", "queued", "not alerted")
+PAGING = ("alerted", "grouped", "silenced", "provisional", "queued", "not alerted")
 
 
 def paging_sql(con: duckdb.DuckDBPyConnection) -> str:
     """SQL for the ``paging`` of each row of ``incidents``: ``provisional`` (its evidence is
     still settling: not sent yet), ``alerted`` (a channel accepted an alert of it),
+    ``grouped`` (a channel's ``group_by`` put it under another incident's page),
     ``silenced`` (a silence muted it on some channel and no channel was alerted), ``queued`` (an
     alert waits for delivery), else ``not alerted`` (no route took it, or no alerter ran).
     Works on databases of every schema version."""
@@ -38,6 +39,8 @@ def paging_sql(con: duckdb.DuckDBPyConnection) -> str:
     return (f"CASE WHEN {provisional} THEN 'provisional' "
             f"WHEN EXISTS (SELECT 1 FROM alerts a WHERE a.incident_id = incidents.id AND a.status = 'sent' "
             f"AND {alerting}) THEN 'alerted' "
+            "WHEN EXISTS (SELECT 1 FROM alerts a WHERE a.incident_id = incidents.id AND a.status = 'grouped') "
+            "THEN 'grouped' "
             "WHEN EXISTS (SELECT 1 FROM alerts a WHERE a.incident_id = incidents.id AND a.status = 'silenced') "
             "THEN 'silenced' "
             f"WHEN EXISTS (SELECT 1 FROM alerts a WHERE a.incident_id = incidents.id AND a.status = 'pending' "

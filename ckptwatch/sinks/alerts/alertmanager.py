@@ -40,16 +40,16 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
-from ckptwatch.detectors.headline import headline, last_good, nfs_server, why
+from ckptwatch.detectors.headline import headline, last_good, why
 from ckptwatch.detectors.incident import Incident
 from ckptwatch.sinks.alerts.http import Outcome, Request, Timeouts, post
 from ckptwatch.sinks.alerts.notification_log import Notification
 from ckptwatch.sinks.alerts.redact import Redactor
+from ckptwatch.sinks.alerts.routing import storage_host
 
 API_PATH = "/api/v2/alerts"
 #: seconds between re-posts of firing alerts (Prometheus' default resend delay is 1 minute)
 RESEND_INTERVAL = 60.0
-_BUCKET = re.compile(r"^(?:s3|gs|gcs|az|abfss?|hdfs)://([^/@]+@)?([^/]+)")
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
 
@@ -59,29 +59,6 @@ def _utcnow() -> dt.datetime:
 
 def _rfc3339(t: dt.datetime) -> str:
     return t.astimezone(dt.timezone.utc).isoformat().replace("+00:00", "Z")
-
-
-def storage_host(inc: Incident) -> str:
-    """Where a storage failure happened, for grouping many jobs' pages into one: the NFS
-    server a root-cause or evidence line names, else the bucket of a cloud checkpoint path
-    (``s3://bucket/...``), else the first two parts of the checkpoint path (the shared
-    mount, ``/mnt/ckpt``), else the root cause's host; ``""`` when the root cause is not a
-    storage error."""
-    rc = inc.root_cause
-    if rc is None or rc.cls != "storage_error":
-        return ""
-    for line in [rc.line, *(e.line for e in inc.evidence)]:
-        server = nfs_server(line)
-        if server:
-            return server
-    path = inc.checkpoint_path or ""
-    m = _BUCKET.match(path)
-    if m:
-        return m.group(2)
-    parts = [p for p in path.split("/") if p]
-    if path.startswith("/") and len(parts) >= 3:
-        return "/" + "/".join(parts[:2])
-    return rc.host or ""
 
 
 def labels(inc: Incident, static: dict[str, str] | None = None) -> dict[str, str]:

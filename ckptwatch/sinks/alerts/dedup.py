@@ -49,6 +49,8 @@ def decide(inc: Incident, hist: History | None, *, routed: bool, silenced: bool)
     if inc.status in CLOSED:
         if hist.alerted:
             return None if hist.resolved else "resolve"
+        if hist.grouped:
+            return None  # told as part of its group's page; the group's own incident resolves it
         if inc.status == "resolved" and inc.kind not in TRANSIENT_KINDS and routed and not silenced:
             return NOTICE
         return None
@@ -58,6 +60,8 @@ def decide(inc: Incident, hist: History | None, *, routed: bool, silenced: bool)
         return None  # its evidence window is still open: page the settled version, once
     if silenced:
         return None if hist.silenced else "silenced"
+    if hist.grouped and not hist.alerted:
+        return None  # under its group's page (the channel's group_by): told once, with the group
     if not hist.alerted or hist.resolved:
         return "trigger"
     if severity_rank(inc.severity) > hist.max_severity:

@@ -62,7 +62,8 @@ def _utcnow() -> dt.datetime:
 
 @dataclass
 class AlertStats:
-    """Counts of this process: notifications queued, sent, retried, rejected, expired, muted."""
+    """Counts of this process: notifications queued, sent, retried, rejected, expired, muted,
+    grouped under another incident's page."""
 
     queued: int = 0
     sent: int = 0
@@ -70,6 +71,7 @@ class AlertStats:
     rejected: int = 0
     expired: int = 0
     silenced: int = 0
+    grouped: int = 0
 
 
 class Alerter:
@@ -103,6 +105,8 @@ class Alerter:
         self._next_scan: dt.datetime | None = None
         self._refreshed: dict[str, dt.datetime] = {}  # channel -> when its firing alerts were last re-posted
         self._refreshing: dict[str, Future[Outcome]] = {}
+        #: (channel, group_by label values) -> (incident paged, when): see ChannelSpec.group_by
+        self._groups: dict[tuple[str, tuple[str, ...]], tuple[str, dt.datetime]] = {}
         self.pending_at_close: int | None = None  # set by close()
         #: called with each notification a channel accepted, once recorded (the fleet sink
         #: mirrors it to the notifications topic: :mod:`ckptwatch.services.notification_mirror`)
@@ -149,11 +153,34 @@ class Alerter:
                     self.log.enqueue(name, inc, "trigger", now)
                     self.log.enqueue(name, inc, "resolve", now)
                     queued += 2
+                elif action == "trigger" and (under := self._group_of(spec, inc, lbls, now)) is not None:
+                    self.log.enqueue(name, inc, "trigger", now, status="grouped",
+                                     note=f"grouped under incident {under} ({self._group_text(spec, lbls)})")
+                    self.stats.grouped += 1
                 elif action:
                     self.log.enqueue(name, inc, action, now)
                     queued += 1
         self.stats.queued += queued
         return queued
+
+    def _group_of(self, spec: ChannelSpec, inc: Incident, lbls: dict[str, str], now: dt.datetime) -> str | None:
+        """The incident that ``inc``'s trigger is grouped under on ``spec``'s channel (same
+        ``group_by`` labels, paged less than ``group_window`` ago), or None: then ``inc``
+        pages and opens the group."""
+        if not spec.group_by:
+            return None
+        key = tuple(lbls.get(label, "") for label in spec.group_by)
+        if not all(key):
+            return None
+        first = self._groups.get((spec.name, key))
+        if first is not None and first[0] != inc.id and (now - first[1]).total_seconds() <= spec.group_window:
+            return first[0]
+        self._groups[(spec.name, key)] = (inc.id, now)
+        return None
+
+    @staticmethod
+    def _group_text(spec: ChannelSpec, lbls: dict[str, str]) -> str:
+        return ", ".join(f"{label}={lbls.get(label, '')}" for label in spec.group_by)
 
     def _refresh(self, now: dt.datetime) -> None:
         """Re-post the firing alerts of channels that keep alerts alive by re-sending them
@@ -323,7 +350,7 @@ class Alerter:
         if pending is None:
             pending = sum(self.log.pending_counts().values())
         text = (f"alerts: {s.sent} sent, {s.rejected} rejected, {s.expired} expired, {pending} pending, "
-                f"{s.silenced} silenced")
+                f"{s.silenced} silenced" + (f", {s.grouped} grouped" if s.grouped else ""))
         return text + (" (retried on the next run)" if pending else "")
 
     @property

@@ -8,7 +8,9 @@ told about each incident). Table ``alerts``:
   (``trigger`` | ``escalate`` | ``update`` | ``realert`` | ``resolve``), ``severity`` at queueing;
 * ``status``: ``pending`` (to deliver at ``next_attempt_ts``), ``sent``, ``rejected`` (a 4xx
   that will never succeed), ``expired`` (still failing ``give_up_after`` seconds after
-  ``created_ts``) or ``silenced`` (muted: recorded, not sent);
+  ``created_ts``), ``silenced`` (muted: recorded, not sent) or ``grouped`` (the channel's
+  ``group_by`` put it under an incident paged just before: recorded, not sent;
+  ``last_error`` names that incident);
 * ``attempts``, ``last_error``, ``created_ts``, ``sent_ts`` (UTC);
 * ``sending_ts``: set (and committed) just before a send starts, cleared when its outcome is
   recorded. Still set at startup means the process died in between: the send may have
@@ -65,6 +67,7 @@ class History:
     resolved: bool = False
     silenced: bool = False
     cause: tuple[str | None, int | None] | None = None
+    grouped: bool = False
 
     @property
     def alerted(self) -> bool:
@@ -106,6 +109,8 @@ class NotificationLog:
             h = out.get(iid, History())
             if status == "silenced":
                 h = dataclasses.replace(h, silenced=True)
+            elif status == "grouped":
+                h = dataclasses.replace(h, grouped=True)
             elif action in ALERTING:
                 rc = json.loads(rc) if rc else None
                 h = dataclasses.replace(h, max_severity=max(h.max_severity, severity_rank(severity)),
@@ -128,12 +133,14 @@ class NotificationLog:
                                "RETURNING id", [now, now]).fetchall()
         return len(row)
 
-    def enqueue(self, channel: str, inc: Incident, action: str, now: dt.datetime, *, status: str = "pending") -> int:
-        """Queue one notification (or record a silenced one); returns its id."""
+    def enqueue(self, channel: str, inc: Incident, action: str, now: dt.datetime, *, status: str = "pending",
+                note: str | None = None) -> int:
+        """Queue one notification (or record a silenced or grouped one, ``note`` saying why);
+        returns its id."""
         row = self.con.execute(
-            "INSERT INTO alerts (channel, incident_id, action, severity, status, next_attempt_ts, created_ts, incident) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
-            [channel, inc.id, action, inc.severity, status, now, now, json.dumps(inc.to_dict())]).fetchone()
+            "INSERT INTO alerts (channel, incident_id, action, severity, status, next_attempt_ts, created_ts, incident, "
+            "last_error) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+            [channel, inc.id, action, inc.severity, status, now, now, json.dumps(inc.to_dict()), note]).fetchone()
         assert row is not None
         return int(row[0])
 
@@ -186,7 +193,8 @@ class NotificationLog:
         """(channel, incident as last queued) whose newest alert was queued before ``before``
         and not resolved since: candidates for a re-alert."""
         rows = self.con.execute(
-            "SELECT channel, arg_max(incident, id) FROM alerts WHERE status <> 'silenced' GROUP BY channel, incident_id "
+            "SELECT channel, arg_max(incident, id) FROM alerts WHERE status NOT IN ('silenced', 'grouped') "
+            "GROUP BY channel, incident_id "
             "HAVING max(CASE WHEN action IN ('trigger','escalate','realert','update') THEN created_ts END) < ? "
             "AND max(CASE WHEN action IN ('trigger','escalate','realert','update') THEN id END) "
             "  > coalesce(max(CASE WHEN action = 'resolve' THEN id END), -1)", [before]).fetchall()

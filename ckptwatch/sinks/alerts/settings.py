@@ -24,6 +24,13 @@ test endpoints. Values are read when the alerter starts, never printed, never st
 ``timeout`` is its read timeout under the old name. A long read timeout keeps a slow
 receiver that will answer 200 from being sent the notification again.
 
+``group_by = ["storage_host"]`` (with ``group_window``, seconds, default 600) pages once
+for incidents that share those labels: a trigger whose labels equal those of an incident
+this channel paged less than ``group_window`` ago is recorded as ``grouped`` under it, not
+sent (one page for one storage outage under many jobs), and stays so. Incidents with an
+empty value for a ``group_by`` label are not grouped. Groups live in the process: after a
+restart the next one pages anew.
+
 ``match`` maps a label (:data:`LABELS`) to glob patterns; an incident is routed to the
 channel when its severity is at least ``min_severity`` and, for every label listed, its
 value matches one of the patterns.
@@ -48,7 +55,7 @@ class AlertConfigError(Exception):
 
 
 #: Incident labels that routes and silences match on (see :func:`ckptwatch.sinks.alerts.routing.labels`).
-LABELS = ("job", "kind", "severity", "host", "cause")
+LABELS = ("job", "kind", "severity", "host", "cause", "storage_host")
 TYPES = ("slack", "pagerduty", "webhook", "alertmanager", "console")
 #: Default route per channel type: pages only for critical incidents (interrupted saves,
 #: poisoned resumes, storage failures during saves, partial and corrupt checkpoints).
@@ -60,7 +67,9 @@ _SECRETS = {"slack": ("url",), "webhook": ("url", "secret"), "pagerduty": ("rout
             "console": ()}
 _REQUIRED = {"slack": ("url",), "webhook": ("url",), "pagerduty": ("routing_key",), "alertmanager": ("url",),
              "console": ()}
-_PLAIN = {"type", "min_severity", "match", "timeout", "connect_timeout", "read_timeout"}
+_PLAIN = {"type", "min_severity", "match", "timeout", "connect_timeout", "read_timeout", "group_by", "group_window"}
+#: seconds: a trigger whose group_by labels equal those of one paged this long ago or less is grouped
+GROUP_WINDOW = 600.0
 _PLAIN_BY_TYPE = {"pagerduty": {"url", "source"}, "slack": set(), "webhook": set(), "console": set(),
                   "alertmanager": {"labels", "console_url", "runbook_url", "resend_interval"}}
 
@@ -113,6 +122,8 @@ class ChannelSpec:
     connect_timeout: float = 0.0
     read_timeout: float = 0.0
     labels: dict[str, str] = field(default_factory=dict)
+    group_by: tuple[str, ...] = ()
+    group_window: float = GROUP_WINDOW
 
 
 def _severity(value: Any, where: str) -> str:
@@ -185,6 +196,16 @@ def parse_channel(name: str, table: Any) -> ChannelSpec:
         v = table["resend_interval"]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
             raise AlertConfigError(f"{where} resend_interval: must be a positive number of seconds")
+    group_by = table.get("group_by", [])
+    if isinstance(group_by, str):
+        group_by = [group_by]
+    if not isinstance(group_by, list) or any(g not in LABELS for g in group_by):
+        raise AlertConfigError(f"{where} group_by: a list of labels ({', '.join(LABELS)})")
+    if group_by and typ in ("alertmanager", "console"):
+        raise AlertConfigError(f"{where} group_by: {typ} channels do not group (Alertmanager groups by its own route)")
+    window = table.get("group_window", GROUP_WINDOW)
+    if isinstance(window, bool) or not isinstance(window, (int, float)) or window <= 0:
+        raise AlertConfigError(f"{where} group_window: must be a positive number of seconds")
     options = {k: str(table[k]) for k in _PLAIN_BY_TYPE[typ] if k in table and k != "labels"}
     if typ == "pagerduty":
         options.setdefault("url", PAGERDUTY_URL)
@@ -193,7 +214,7 @@ def parse_channel(name: str, table: Any) -> ChannelSpec:
         name=name, type=typ, min_severity=_severity(table.get("min_severity", DEFAULT_MIN_SEVERITY[typ]),
                                                     f"{where} min_severity"),
         match=_match(table.get("match", {}), f"{where} match"), secrets=secrets, options=options,
-        labels=static, **seconds,
+        labels=static, group_by=tuple(group_by), group_window=float(window), **seconds,
     )
 
 
