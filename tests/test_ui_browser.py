@@ -123,6 +123,14 @@ def test_the_list_updates_live_and_an_incident_page_shows_its_timeline(browser, 
     assert "root cause   collective_timeout on rank 1" in text_of(browser, "#report")
     evidence = text_of(browser, "#evidence")
     assert str(logs / "03") in evidence and "collateral" in evidence
+    # the incident is listed at once, provisional, and paged once its evidence settles (issue
+    # 17): reloaded, its page then shows the console channel's trigger and "alerted"
+
+    def alerted():
+        browser.get(new_row["href"])
+        return text_of(browser, "#paging") == "alerted"
+
+    wait_for("the settled incident paged", alerted, timeout=90, proc=proc)
     assert "console" in text_of(browser, "#alerts")  # the console channel's trigger
 
 
