@@ -110,3 +110,17 @@ def test_commands_reach_the_report_and_the_stored_row(incidents, tmp_path):
         assert again.commands == inc.commands
     finally:
         store.close()
+
+
+def test_an_hf_deepspeed_save_is_quarantined_as_the_folder_the_trainer_looks_up(incidents):
+    """A new user's trial: DeepSpeed's tag folder inside an HF checkpoint was moved aside
+    alone, leaving out/checkpoint-500 for HF's newest-checkpoint lookup."""
+    import dataclasses
+
+    from ckptwatch.detectors.commands import checkpoint_dir, commands
+
+    inc = incidents("tests/fixtures/realruns/hf-accelerate-sigkill-mid-save/logs", "interrupted_save")
+    inner = dataclasses.replace(inc, checkpoint_path="out/checkpoint-500/global_step500", status="open")
+    assert [c["command"] for c in commands(inner) if c["purpose"] == "quarantine"] == [
+        "mv out/checkpoint-500 out/checkpoint-500.partial"]
+    assert checkpoint_dir("ckpt/global_step20") == "ckpt/global_step20"  # plain DeepSpeed: the tag folder

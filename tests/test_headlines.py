@@ -177,3 +177,15 @@ def test_cause_phrases_name_the_sender_and_the_nfs_server():
                         "(SlowDown) when calling the PutObject operation") == "S3 throttling (SlowDown) (rank 0)"
     assert cause_phrase("oom_kill", 5, "gpu-3") == "the OOM killer (rank 5, host gpu-3)"
     assert cause_phrase("unknown") == "a failure not named in the logs read"
+
+
+def test_a_storage_error_named_by_another_root_line_still_names_its_errno(real_incidents):
+    """A new user's trial: the root cause's own line was a traceback's "During handling of
+    the above exception" line, and the headline said only "a storage error"."""
+    import dataclasses
+
+    inc = real_incidents[("tests/fixtures/realruns/hf-torchrun-enospc/logs", "storage_failure_during_save", 30)]
+    rc = dataclasses.replace(inc.root_cause, line="During handling of the above exception, another exception occurred:")
+    ev = dataclasses.replace(inc.evidence[0], role="root_cause", line="OSError: [Errno 28] No space left on device")
+    moved = dataclasses.replace(inc, root_cause=rc, evidence=[ev])
+    assert "failed on storage: ENOSPC (rank 0)" in headline(moved)

@@ -51,6 +51,7 @@ from ckptwatch.detectors.incident import Incident
 FRAMEWORKS = ("hf", "lightning", "megatron", "torchtitan", "deepspeed", "torchtune", "nemo", "composer", "dcp")
 SAVE_KINDS = ("interrupted_save", "storage_failure_during_save", "partial_checkpoint")
 _DS_TAG = re.compile(r"^global_step\d+$")
+_HF_CHECKPOINT = re.compile(r"^checkpoint-\d+$")
 _MEGATRON_ITER = re.compile(r"^iter_(\d+)$")
 
 
@@ -59,6 +60,17 @@ def framework(inc: Incident) -> str | None:
     None when only launcher, kernel or generic rules did."""
     found = {e.rule_id.split(".", 1)[0] for e in inc.evidence}
     return next((f for f in FRAMEWORKS if f in found), None)
+
+
+def checkpoint_dir(path: str) -> str:
+    """The folder a trainer's newest-checkpoint lookup sees: for DeepSpeed's tag folder
+    inside an HF Trainer checkpoint (``out/checkpoint-500/global_step500``), the HF
+    folder (``out/checkpoint-500``); else ``path`` itself."""
+    p = os.path.normpath(path)
+    parent = os.path.dirname(p)
+    if _DS_TAG.match(os.path.basename(p)) and _HF_CHECKPOINT.match(os.path.basename(parent)):
+        return parent
+    return path
 
 
 def _q(path: str) -> str:
@@ -140,7 +152,8 @@ def commands(inc: Incident) -> list[dict[str, Any]]:
         out.append(_cmd("verify", f"ckptwatch verify {_q(path)}", None,
                         "ckptwatch verify: SHA-256 manifest and structural checks"))
     if path and inc.kind in SAVE_KINDS and inc.status == "open":
-        out.append(_cmd("quarantine", f"mv {_q(path)} {_q(os.path.normpath(path) + '.partial')}", None,
+        folder = checkpoint_dir(path)
+        out.append(_cmd("quarantine", f"mv {_q(folder)} {_q(os.path.normpath(folder) + '.partial')}", None,
                         "not every rank finished writing it: keep newest-checkpoint discovery off it"))
     if inc.kind == "world_size_mismatch":
         out += _reshard(fw, path or "", cs.get("saved_world_size"), cs.get("current_world_size"))

@@ -104,8 +104,16 @@ def cause_phrase(cls: str | None, rank: int | None = None, host: str | None = No
     return f"a failure not named in the logs read{on}"
 
 
-def _cause(rc: RootCause | None) -> str | None:
-    return None if rc is None else cause_phrase(rc.cls, rc.rank, rc.host, rc.signal, rc.sender, rc.line)
+def _cause(rc: RootCause | None, lines: list[str] | None = None) -> str | None:
+    """The root cause in words; a storage error whose own line names no errno (a
+    traceback's "During handling ..." line) takes it from ``lines``, the incident's other
+    root-cause evidence."""
+    if rc is None:
+        return None
+    line = rc.line
+    if rc.cls == "storage_error" and not errno_of(line) and not nfs_server(line):
+        line = next((x for x in lines or [] if errno_of(x)), line)
+    return cause_phrase(rc.cls, rc.rank, rc.host, rc.signal, rc.sender, line)
 
 
 def _ranks(rs: Any) -> str:
@@ -137,7 +145,8 @@ def why(inc: Incident) -> str:
     cs = inc.checkpoint_state or {}
     kind = inc.kind
     if kind in ("interrupted_save", "storage_failure_during_save"):
-        return _cause(inc.root_cause) or "a failure not named in the logs read"
+        roots = [e.line for e in inc.evidence if e.role == "root_cause"]
+        return _cause(inc.root_cause, roots) or "a failure not named in the logs read"
     if kind == "partial_checkpoint":
         missing = sorted(set(cs.get("started_not_finished", [])) | set(cs.get("not_started", [])) |
                          set(cs.get("failed", [])))
