@@ -867,9 +867,11 @@ def _match_lines(lines: pl.Series, pattern: str, multi: pl.Series) -> list[int]:
 
 
 def _format_path(fmt: str, path: str | None, step: int | None) -> str | None:
-    """``path`` rewritten by the rule's ``path_format``; a path that already ends with what
-    the format appends (a script that logs ``.../iter_0000300`` where Megatron-LM logs the
-    root) is left as it is."""
+    """``path`` rewritten by the rule's ``path_format``; a path that already holds what the
+    format appends is cut after it instead: ``.../iter_0000300`` (a script that logs the
+    checkpoint where Megatron-LM logs the root) stays, and a rank's own file in it
+    (``.../iter_0000300/mp_rank_01/model_optim_rng.pt``) becomes ``.../iter_0000300``, not a
+    path that is neither."""
     if path is None:
         return None
     root = path.rstrip("/")
@@ -878,6 +880,10 @@ def _format_path(fmt: str, path: str | None, step: int | None) -> str | None:
     except (ValueError, KeyError, IndexError):
         return path
     added = out[len(root):] if out.startswith(root) else ""
+    if added and added.startswith("/"):
+        at = (root + "/").find(added + "/")
+        if at >= 0:
+            return root[: at + len(added)]
     return root if added and root.endswith(added) else out
 
 
