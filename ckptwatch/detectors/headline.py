@@ -214,31 +214,26 @@ def _regression(cs: dict) -> str:
     return f"median loss {_fmt(before)} before, {_fmt(cs.get('after_median'))} after"
 
 
+#: the fact of each kind: ``{at}`` the checkpoint (:func:`where`), ``{why}`` (:func:`why`),
+#: ``{good}`` the last good checkpoint (:func:`last_good`)
+_FACT = {
+    "interrupted_save": "save of {at} cut off by {why}; {good}",
+    "storage_failure_during_save": "save of {at} failed on storage: {why}; {good}",
+    "partial_checkpoint": "checkpoint {at} is partial: {why}; {good}",
+    "stalled_save": "save of {at} has stalled: {why}",
+    "corrupt_checkpoint": "checkpoint {at}: {why}; {good}",
+    "poisoned_resume": "resumed from a bad checkpoint, {at}: {why}; {good}",
+    "load_failure": "loading {at} failed: {why}",
+    "world_size_mismatch": "{at} {why}",
+    "post_resume_regression": "after resuming from {at}, {why}",
+}
+_AFTER_LOAD = "after loading {at}, the first use failed: {why}"
+
+
 def headline(inc: Incident) -> str:
     """``<kind>: job <job>: <fact>`` (see the module docstring); no ``None`` in it."""
-    job = inc.job or "(unnamed)"
-    at, w = where(inc), why(inc)
-    kind = inc.kind
-    if kind in ("interrupted_save", "storage_failure_during_save"):
-        fact = f"save of {at} cut off by {w}; {last_good(inc.last_good_checkpoint)}"
-        if kind == "storage_failure_during_save":
-            fact = f"save of {at} failed on storage: {w}; {last_good(inc.last_good_checkpoint)}"
-    elif kind == "partial_checkpoint":
-        fact = f"checkpoint {at} is partial: {w}; {last_good(inc.last_good_checkpoint)}"
-    elif kind == "stalled_save":
-        fact = f"save of {at} has stalled: {w}"
-    elif kind == "corrupt_checkpoint":
-        fact = f"checkpoint {at}: {w}; {last_good(inc.last_good_checkpoint)}"
-    elif kind == "poisoned_resume":
-        fact = f"resumed from a bad checkpoint, {at}: {w}; {last_good(inc.last_good_checkpoint)}"
-    elif kind == "load_failure" and (inc.checkpoint_state or {}).get("after_load"):
-        fact = f"after loading {at}, the first use failed: {w}"
-    elif kind == "load_failure":
-        fact = f"loading {at} failed: {w}"
-    elif kind == "world_size_mismatch":
-        fact = f"{at} {w}"
-    elif kind == "post_resume_regression":
-        fact = f"after resuming from {at}, {w}"
-    else:
-        fact = f"{at}: {w}"
-    return f"{kind}: job {job}: {fact}"
+    fmt = _FACT.get(inc.kind, "{at}: {why}")
+    if inc.kind == "load_failure" and (inc.checkpoint_state or {}).get("after_load"):
+        fmt = _AFTER_LOAD
+    fact = fmt.format(at=where(inc), why=why(inc), good=last_good(inc.last_good_checkpoint))
+    return f"{inc.kind}: job {inc.job or '(unnamed)'}: {fact}"

@@ -138,7 +138,24 @@ def guard_resume(directory: str | os.PathLike[str], *, allow_unverifiable: bool 
     return report
 
 
-class ManifestCallback:
+class TrainerCallbackBase:
+    """What a Hugging Face ``TrainerCallback``-compatible object needs without importing
+    transformers: every ``on_*`` event it does not define is a no-op (the Trainer's
+    ``CallbackHandler`` calls them all), and :meth:`_say` writes a one-line problem to
+    ``self.emit`` (stderr by default) so that training goes on."""
+
+    emit: Emit | None = None
+
+    def _say(self, line: str) -> None:
+        (self.emit or emit_to_stderr)(line)
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        if name.startswith("on_"):
+            return lambda *args, **kwargs: None
+        raise AttributeError(name)
+
+
+class ManifestCallback(TrainerCallbackBase):
     """A Hugging Face ``TrainerCallback``-compatible object (``trainer.add_callback(...)``):
     after each save, on the main process, writes the manifest of
     ``<output_dir>/checkpoint-<global_step>`` (the Trainer's layout) and prints its
@@ -158,13 +175,8 @@ class ManifestCallback:
         try:
             write_manifest(directory, step=state.global_step, emit=self.emit)
         except IntegrityError as e:
-            (self.emit or emit_to_stderr)(f"ckptwatch: no manifest for {directory}: {e}")
+            self._say(f"ckptwatch: no manifest for {directory}: {e}")
         return None
-
-    def __getattr__(self, name: str) -> Callable[..., None]:
-        if name.startswith("on_"):
-            return lambda *args, **kwargs: None
-        raise AttributeError(name)
 
 
 def dcp_save(state_dict: Mapping[str, Any], checkpoint_id: str | os.PathLike[str], *, step: int | None = None,

@@ -16,11 +16,12 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from ckptwatch.integrity.api import TrainerCallbackBase
 from ckptwatch.integrity.logline import Emit
 from ckptwatch.probe import ProbeResult, report
 
 
-class ProbeCallback:
+class ProbeCallback(TrainerCallbackBase):
     """``outputs(model) -> array``: the model's outputs on a fixed batch, as numpy (e.g.
     ``lambda m: m(**batch).logits.detach().float().cpu().numpy()``). ``emit``: where the
     lines go (default stderr). :attr:`result` holds the last verdict. An ``outputs`` that
@@ -39,12 +40,5 @@ class ProbeCallback:
         try:
             self.result = report(self.outputs(model), path=path, step=step, emit=self.emit, atol=self.atol)
         except Exception as e:  # the probe must never stop training
-            from ckptwatch.integrity.logline import emit_to_stderr
-
-            (self.emit or emit_to_stderr)(f"ckptwatch: probe of {path} failed: {type(e).__name__}: {e}")
+            self._say(f"ckptwatch: probe of {path} failed: {type(e).__name__}: {e}")
         return None
-
-    def __getattr__(self, name: str) -> Callable[..., None]:
-        if name.startswith("on_"):
-            return lambda *args, **kwargs: None
-        raise AttributeError(name)

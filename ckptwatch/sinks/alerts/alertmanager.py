@@ -45,7 +45,7 @@ from ckptwatch.detectors.incident import Incident
 from ckptwatch.sinks.alerts.http import Outcome, Request, Timeouts, post
 from ckptwatch.sinks.alerts.notification_log import Notification
 from ckptwatch.sinks.alerts.redact import Redactor
-from ckptwatch.sinks.alerts.routing import storage_host
+from ckptwatch.sinks.alerts.routing import labels as routing_labels
 
 API_PATH = "/api/v2/alerts"
 #: seconds between re-posts of firing alerts (Prometheus' default resend delay is 1 minute)
@@ -62,14 +62,12 @@ def _rfc3339(t: dt.datetime) -> str:
 
 
 def labels(inc: Incident, static: dict[str, str] | None = None) -> dict[str, str]:
-    """The alert's label set (see the module docstring); ``inc`` redacted already."""
-    rc = inc.root_cause
-    out = {"alertname": inc.kind, "incident_id": inc.id, "kind": inc.kind, "severity": inc.severity,
-           "job": inc.job or "", "step": "" if inc.step is None else str(inc.step),
-           "checkpoint": inc.checkpoint_path or "", "host": (rc.host or "") if rc else "",
-           "cause": rc.cls if rc else "", "storage_host": storage_host(inc)}
-    merged = {**(static or {}), **{k: v for k, v in out.items() if v}}
-    return merged
+    """The alert's label set (see the module docstring): the routing labels
+    (:func:`~.routing.labels`) plus ``alertname``, ``incident_id``, ``step``, ``checkpoint``;
+    ``inc`` redacted already."""
+    out = {"alertname": inc.kind, "incident_id": inc.id, **routing_labels(inc),
+           "step": "" if inc.step is None else str(inc.step), "checkpoint": inc.checkpoint_path or ""}
+    return {**(static or {}), **{k: v for k, v in out.items() if v}}
 
 
 def annotations(inc: Incident, *, console_url: str = "", runbook_url: str = "") -> dict[str, str]:
