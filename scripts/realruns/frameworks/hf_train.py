@@ -9,6 +9,9 @@ Launched by torchrun or `accelerate launch` (2 processes). Nothing is downloaded
 --log-style examples  : the setup of transformers' examples/pytorch/*/run_*.py
                         (basicConfig with asctime, set_verbosity_info, enable_explicit_format).
 
+--probe : after a resume, run ckptwatch's output probe (ckptwatch.probe.hf.ProbeCallback) on a fixed
+   batch of 8 sequences; it prints one `ckptwatch event=probe ...` line (rank 0).
+
 --save-sleep S --save-sleep-step N : fault-injection helper used to widen the save window.
    Inside the save of checkpoint-N, every rank sleeps S seconds after the model weights are
    written and before the optimizer/scheduler/RNG/trainer_state are. It prints nothing.
@@ -51,6 +54,7 @@ def main():
     ap.add_argument("--save-sleep", type=float, default=0.0)
     ap.add_argument("--save-sleep-step", type=int, default=-1)
     ap.add_argument("--step-sleep", type=float, default=0.0, help="sleep per training step (keeps runs observable)")
+    ap.add_argument("--probe", action="store_true", help="ckptwatch's output probe after a resume")
     a = ap.parse_args()
 
     if a.log_style == "examples":
@@ -109,6 +113,20 @@ def main():
                 time.sleep(a.save_sleep)
             return _orig(output_dir)
         trainer._save_optimizer_and_scheduler = slow
+
+    if a.probe:
+        from ckptwatch.probe.hf import ProbeCallback
+
+        fixed = RandomTokens(n=8, seed=1).x
+
+        def outputs(m):
+            was = m.training
+            m.eval()
+            with torch.no_grad():
+                logits = m(input_ids=fixed.to(m.device)).logits
+            m.train(was)
+            return logits.float().cpu().numpy()
+        trainer.add_callback(ProbeCallback(outputs))
 
     resume = a.resume
     if resume == "latest":

@@ -10,6 +10,8 @@ lines and the per-step loss line of rank 0 carry a timestamp.
 --save-sleep S --save-sleep-step N : fault-injection helper. At the checkpoint save of global step
   N, the checkpoint IO writes the file in 8 KiB chunks and sleeps S seconds after the first
   chunk, directly into the final path (like a plain, non-atomic torch.save to a file). Prints nothing.
+--probe : after a resume, run ckptwatch's output probe (ckptwatch.probe.lightning.probe_callback) on a
+  fixed batch of 16 inputs; it prints one `ckptwatch event=probe ...` line (rank 0).
 --atomic-io : keep Lightning's own TorchCheckpointIO (fsspec transaction: temp file, then move).
 """
 import argparse
@@ -96,6 +98,7 @@ def main():
     ap.add_argument("--save-sleep-step", type=int, default=-1)
     ap.add_argument("--step-sleep", type=float, default=0.0)
     ap.add_argument("--atomic-io", action="store_true")
+    ap.add_argument("--probe", action="store_true", help="ckptwatch's output probe after a resume")
     ap.add_argument("--pg-timeout", type=float, default=None, help="DDPStrategy(timeout=...) in seconds")
     a = ap.parse_args()
 
@@ -104,10 +107,20 @@ def main():
     L.seed_everything(0, workers=True)
     ckpt = ModelCheckpoint(dirpath=a.ckpt_dir, every_n_train_steps=a.every, monitor="train_loss", mode="min",
                            save_top_k=-1, verbose=True)
+    callbacks = [ckpt]
+    if a.probe:
+        from ckptwatch.probe.lightning import probe_callback
+
+        fixed = RandomData(n=16, seed=1).x
+
+        def outputs(module):
+            with torch.no_grad():
+                return module.net(fixed.to(module.device)).float().cpu().numpy()
+        callbacks.append(probe_callback(outputs))
     plugins = [] if a.atomic_io else [SlowIO(a.save_sleep, a.save_sleep_step)]
     strategy = "ddp" if a.pg_timeout is None else DDPStrategy(timeout=timedelta(seconds=a.pg_timeout))
     trainer = L.Trainer(accelerator="cpu", devices=a.devices, strategy=strategy, max_steps=a.max_steps,
-                        callbacks=[ckpt], plugins=plugins, log_every_n_steps=1, enable_progress_bar=False,
+                        callbacks=callbacks, plugins=plugins, log_every_n_steps=1, enable_progress_bar=False,
                         logger=False, enable_model_summary=True)
     dl = torch.utils.data.DataLoader(RandomData(), batch_size=16, shuffle=True, num_workers=0)
     trainer.fit(Model(a.step_sleep), dl, ckpt_path=a.resume)
