@@ -52,7 +52,8 @@ def _job(tmp_path, name: str, outputs) -> None:
     report(outputs, path="out/checkpoint-20", step=20, rank=0, emit=lines.append)
     (tmp_path / name).mkdir()
     (tmp_path / name / "train.log").write_text(
-        stamped("ckptwatch event=save_end step=20 rank=0 path=out/checkpoint-20", T0)
+        stamped("ckptwatch event=save_end step=10 rank=0 path=out/checkpoint-10", T0 - dt.timedelta(seconds=30))
+        + stamped("ckptwatch event=save_end step=20 rank=0 path=out/checkpoint-20", T0)
         + "".join(stamped(x, T0 + dt.timedelta(seconds=60 + i)) for i, x in enumerate(lines)))
 
 
@@ -63,9 +64,24 @@ def test_a_degenerate_probe_after_a_resume_is_a_load_failure_of_that_checkpoint(
     (inc,) = incidents
     assert (inc.kind, inc.job, inc.step, inc.checkpoint_path) == ("load_failure", "broken", 20, "out/checkpoint-20")
     assert inc.checkpoint_state["errors"] == ["degenerate_outputs"]
-    assert headline(inc) == ("load_failure: job broken: after loading step 20 (out/checkpoint-20), the first use "
-                             "failed: degenerate_outputs")
-    assert [c["command"] for c in inc.commands][:1] == ["ckptwatch verify out/checkpoint-20"]
+    assert inc.checkpoint_state["probe"] == {"reason": "constant", "rows": 8, "distinct_rows": 1, "finite": 1.0,
+                                             "std": 0.0}
+    # no save incident says which checkpoint is good: the newest complete earlier save is
+    assert inc.last_good_checkpoint == {"step": 10, "path": "out/checkpoint-10"}
+    assert headline(inc) == ("load_failure: job broken: after loading step 20 (out/checkpoint-20), the outputs are "
+                             "constant (std 0 over 8 rows, ckptwatch probe); last good: step 10 (out/checkpoint-10)")
+    assert [c["command"] for c in inc.commands][:2] == ["ckptwatch verify out/checkpoint-20",
+                                                        "ckptwatch verify out/checkpoint-10"]
+
+
+@pytest.mark.parametrize(("outputs", "words"), [
+    (np.tile(RNG.normal(size=16), (8, 1)), "the same for every input (1 distinct row(s) of 8, ckptwatch probe)"),
+    (np.where(np.eye(8, 16) > 0, np.nan, 1.0), "not finite (NaN or inf) (0.9375 of the values finite, ckptwatch probe)"),
+])
+def test_the_headline_says_what_the_probe_saw(tmp_path, outputs, words):
+    _job(tmp_path, "broken", outputs)
+    (inc,), _ = diagnose([str(tmp_path)], PipelineOptions(template=compile_template("{job}/*.log")))
+    assert headline(inc).endswith(f"the outputs are {words}; last good: step 10 (out/checkpoint-10)")
 
 
 def test_the_hf_callback_probes_a_resumed_run_only():

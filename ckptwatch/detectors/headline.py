@@ -168,6 +168,8 @@ def why(inc: Incident) -> str:
         if saved and current:
             return f"saved at world size {saved}, loaded at world size {current}"
         return f"loaded at another world size than it was saved at ({', '.join(cs.get('errors', [])) or 'size mismatch'})"
+    if kind == "load_failure" and cs.get("probe"):
+        return _probe(cs["probe"])
     if kind == "load_failure":
         errors = ", ".join(cs.get("errors", [])) or "a load error"
         broken = f"; {_broken_by(cs)}" if cs.get("save_incident") else ""
@@ -175,6 +177,25 @@ def why(inc: Incident) -> str:
     if kind == "post_resume_regression":
         return _regression(cs)
     return _cause(inc.root_cause) or kind
+
+
+#: ckptwatch.probe's reasons (:data:`ckptwatch.probe.REASONS`) in words
+PROBE_WORDS = {"constant": "constant", "not_finite": "not finite (NaN or inf)",
+               "collapsed": "the same for every input", "empty": "empty"}
+
+
+def _probe(p: dict) -> str:
+    """ckptwatch.probe's verdict in words: ``constant (std 0 over 8 rows, ckptwatch probe)``."""
+    reason = str(p.get("reason"))
+    if reason == "collapsed":
+        detail = f"{p.get('distinct_rows')} distinct row(s) of {p.get('rows')}"
+    elif reason == "not_finite":
+        detail = f"{p.get('finite')} of the values finite"
+    elif reason == "constant":
+        detail = f"std {p.get('std')} over {p.get('rows')} rows"
+    else:
+        detail = f"{p.get('rows')} rows"
+    return f"{PROBE_WORDS.get(reason, 'degenerate')} ({detail}, ckptwatch probe)"
 
 
 def _broken_by(cs: dict) -> str:
@@ -228,12 +249,16 @@ _FACT = {
     "post_resume_regression": "after resuming from {at}, {why}",
 }
 _AFTER_LOAD = "after loading {at}, the first use failed: {why}"
+_PROBED = "after loading {at}, the outputs are {why}; {good}"
 
 
 def headline(inc: Incident) -> str:
     """``<kind>: job <job>: <fact>`` (see the module docstring); no ``None`` in it."""
     fmt = _FACT.get(inc.kind, "{at}: {why}")
-    if inc.kind == "load_failure" and (inc.checkpoint_state or {}).get("after_load"):
+    cs = inc.checkpoint_state or {}
+    if inc.kind == "load_failure" and cs.get("probe"):
+        fmt = _PROBED
+    elif inc.kind == "load_failure" and cs.get("after_load"):
         fmt = _AFTER_LOAD
     fact = fmt.format(at=where(inc), why=why(inc), good=last_good(inc.last_good_checkpoint))
     return f"{inc.kind}: job {inc.job or '(unnamed)'}: {fact}"

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from ckptwatch.detectors import regression, save_incidents
 from ckptwatch.detectors.checkpoints import CheckpointKey, CheckpointRegistry, SaveFact, checkpoint_key
 from ckptwatch.detectors.events import LOAD_KINDS, Ev
+from ckptwatch.detectors.headline import PROBE_WORDS
 from ckptwatch.detectors.incident import Incident
 from ckptwatch.detectors.jobstate import JobState
 
@@ -302,6 +303,11 @@ def _load_incident(state: JobState, registry: CheckpointRegistry, key: Checkpoin
     after = all(e.attrs.get("after_load") == "yes" for e in errs)  # it loaded, then broke at first use
     if after:
         cs["after_load"] = True
+    probe = next((e.attrs for e in errs if e.attrs.get("class") == "degenerate_outputs"), None)
+    if probe is not None:  # ckptwatch.probe's verdict: what the outputs looked like
+        cs["probe"] = {k: probe.get(k) for k in ("reason", "rows", "distinct_rows", "finite", "std")}
+    # with no save incident to say it, the last good checkpoint is the newest complete earlier save
+    last_good = bad.last_good_checkpoint if bad else registry.last_good(key, min(e.ts for e in errs))
     if bad is not None:
         cs.update(save_incident=bad.id, save_kind=bad.kind, bad_cause=_cause_of(bad))
     if ws is not None:
@@ -315,16 +321,23 @@ def _load_incident(state: JobState, registry: CheckpointRegistry, key: Checkpoin
         kind = "world_size_mismatch"
     else:
         why = f"It failed because {_bad_summary(bad)}. " if bad is not None else ""
-        what = (f"The job loaded {path or 'a checkpoint'}, then failed at its first use ({', '.join(classes)}): the "
-                "checkpoint loads, but the state it holds is not what the model or optimizer needs (empty or "
-                "wrongly shaped tensors: a damaged or mismatched checkpoint)." if after
-                else f"Loading {path or 'the checkpoint'} failed ({', '.join(classes)}).")
-        parts = (what, why.strip(), _resume_from(bad.last_good_checkpoint) if bad is not None else "",
+        if probe is not None:
+            what = (f"The job loaded {path or 'a checkpoint'} without an error, but ckptwatch's probe found the "
+                    f"model's outputs {PROBE_WORDS.get(str(probe.get('reason')), 'degenerate')} on a fixed batch: "
+                    "the weights it holds are not trained weights (zeroed or never-gathered ZeRO-3/FSDP "
+                    "parameters, a bad copy, a NaN in the state).")
+        elif after:
+            what = (f"The job loaded {path or 'a checkpoint'}, then failed at its first use ({', '.join(classes)}): "
+                    "the checkpoint loads, but the state it holds is not what the model or optimizer needs (empty "
+                    "or wrongly shaped tensors: a damaged or mismatched checkpoint).")
+        else:
+            what = f"Loading {path or 'the checkpoint'} failed ({', '.join(classes)})."
+        parts = (what, why.strip(), _resume_from(last_good) if last_good is not None else "",
                  "Run `ckptwatch verify` on the checkpoint to see which files are missing or damaged.")
         remediation = " ".join(p for p in parts if p)
         kind = "load_failure"
     return Incident(
         kind=kind, job=state.job, step=key[1], checkpoint_path=path, root_cause=None, collateral=[],
-        checkpoint_state=cs, last_good_checkpoint=bad.last_good_checkpoint if bad else None, remediation=remediation,
+        checkpoint_state=cs, last_good_checkpoint=last_good, remediation=remediation,
         first_ts=min(e.ts for e in errs), evidence=state.evidence(items), provisional=bool(bad and bad.provisional),
     )
