@@ -8,6 +8,7 @@ import datetime as dt
 import gzip
 import subprocess
 import sys
+from pathlib import Path
 
 import polars as pl
 
@@ -17,6 +18,7 @@ from ckptwatch.pipeline import diagnose
 from ckptwatch.rules import RuleSet
 
 UTC = dt.timezone.utc
+ROOT = Path(__file__).resolve().parent.parent
 WATCHDOG = ("[rank1]:[E1201 10:18:25.123456789 ProcessGroupNCCL.cpp:632] [Rank 1] Watchdog caught collective "
             "operation timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) "
             "ran for 600023 milliseconds before timing out.")
@@ -81,6 +83,26 @@ def test_a_relaunch_in_the_same_console_is_another_job(tmp_path):
     log.write_text(agent.format(m="00", job="llama-a") + "\n[default0]:2026-11-30 10:01:00,000 step 1\n"
                    + agent.format(m="30", job="llama-b") + "\n[default0]:2026-11-30 10:31:00,000 step 1\n")
     assert read(log)["job"].to_list() == ["llama-a", "llama-a", "llama-b", "llama-b"]
+
+
+def test_a_line_again_in_the_same_file_is_another_occurrence_not_a_copy(tmp_path):
+    """Two Lightning fits appended to one log (``python train.py >> train.log``, real lines
+    of tests/fixtures/realruns/lightning-ddp-probe-zeroed-resume): the second fit's undated
+    "`Trainer.fit` stopped" line is its own, and ends its step-40 save; read as a copy of the
+    first fit's line, the save was left "not seen to finish". A copy in another file (the
+    same console read twice, as a console and a tee'd file are) is still one line."""
+    runs = ROOT / "tests/fixtures/realruns/lightning-ddp-probe-zeroed-resume/logs"
+    log = tmp_path / "one" / "train.log"
+    log.parent.mkdir()
+    log.write_text("".join((runs / f"attempt-{n}/console.log").read_text() for n in (1, 2, 3)))
+    incidents, stats = diagnose([str(log)])
+    assert [(i.kind, i.step) for i in incidents] == [("load_failure", 30)]
+    assert stats.open_saves == [] and stats.duplicate_events == 0
+    (tmp_path / "two").mkdir()
+    (tmp_path / "two" / "copy.log").write_text(log.read_text())
+    incidents, stats = diagnose([str(log), str(tmp_path / "two" / "copy.log")])
+    assert [(i.kind, i.step) for i in incidents] == [("load_failure", 30)]
+    assert stats.open_saves == []
 
 
 def test_two_slurm_outputs_are_two_jobs_and_a_line_naming_the_job_wins(tmp_path):

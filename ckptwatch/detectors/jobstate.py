@@ -1,7 +1,8 @@
 """What is known of one job: its events (deduplicated), rank/pid/host maps, world size.
 
 Events are kept in a dict keyed by ``dedup_key`` so the same worker line read from the
-torchrun console and from the per-rank file counts once; metrics are reduced to the
+torchrun console and from the per-rank file counts once (the same text again in the same
+file is another occurrence, not a copy); metrics are reduced to the
 last step each rank logged. ``events_sorted()`` gives them in event-time order, ties
 broken by ``(source_id, offset)`` so the order never depends on arrival.
 """
@@ -9,6 +10,7 @@ broken by ``(source_id, offset)`` so the order never depends on arrival.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import itertools
 import datetime as dt
 import json
@@ -395,6 +397,14 @@ class JobState:
         if gone is not None and ev.ts <= gone.until:
             return False  # a copy of a line of a save let go (:meth:`forget_saves`)
         known = self.events.get(ev.dedup_key)
+        if known is not None and known.source_id == ev.source_id and known.offset != ev.offset:
+            # a file never holds a copy of its own line: an undated line again further down (a
+            # second run appended to the same log prints its "`Trainer.fit` stopped" again) is
+            # another occurrence, keyed by its place (a copy of it in another file stays a copy)
+            ev = dataclasses.replace(ev, dedup_key=f"{ev.dedup_key}@{ev.offset}")
+            if ev.dedup_key in self.events:
+                return False
+            known = None
         if known is not None and ev.kind in ("save_start", "save_end"):
             # where else the line was read: undated copies are ordered within their own file only
             self.copies.setdefault(ev.dedup_key, {known.source_id: known.offset}).setdefault(ev.source_id, ev.offset)
