@@ -49,7 +49,7 @@ from ckptwatch.history.cli import register as register_history
 from ckptwatch.ui.cli import register as register_ui
 from ckptwatch.integrity.cli import register as register_integrity
 from ckptwatch.simulate_cli import register as register_simulate
-from ckptwatch.pipeline import PipelineOptions, diagnose
+from ckptwatch.pipeline import PipelineOptions, detector_config, diagnose
 from ckptwatch.rules import RuleError, check_rule_files
 from ckptwatch.sinks import report
 from ckptwatch.sinks.alerts.dispatcher import Alerter
@@ -276,8 +276,7 @@ def run_cmd(
     options = _options(path_template, boot_time, rules, line_prefix)
     # a live run judges like the fleet's detectors: files written out of step (a rank behind
     # another by a poll, a restart reading a backlog) are not judged late by the newest one
-    options.detector = dataclasses.replace(options.detector, allowed_lateness=cfg.detect.allowed_lateness,
-                                           source_idle=cfg.detect.source_idle)
+    options.detector = detector_config(cfg.detect, options.detector)
     # a relative verification log lives next to the database, like the run's other state
     verify_log = os.path.join(os.path.dirname(os.path.abspath(db)), cfg.collect.verify_log)
     cfg = dataclasses.replace(cfg, collect=dataclasses.replace(cfg.collect, verify_log=verify_log))

@@ -35,6 +35,8 @@ File layout (every key optional; see ``examples/ckptwatch.toml``)::
     group = "ckptwatch-detect"             # Kafka consumer group of the detectors
     allowed_lateness = 5.0                 # seconds behind the newest event time
     source_idle = 30.0                     # s a silent source (rank file) holds its job's watermark back
+    settle = 30.0                          # s past a save's last failure before it is paged (late evidence)
+    confirm = 5.0                          # the same once the launcher said the job failed
 
     [sink]
     db = "incidents.duckdb"
@@ -127,13 +129,18 @@ class CollectSettings:
 
 @dataclass(frozen=True)
 class DetectSettings:
-    """The detector consumer group; ``allowed_lateness``, ``interval`` and ``source_idle``
-    (see :data:`ckptwatch.services.detect.SOURCE_IDLE`) in seconds."""
+    """The detector consumer group; ``allowed_lateness``, ``interval``, ``source_idle`` (see
+    :data:`ckptwatch.services.detect.SOURCE_IDLE`), ``settle`` and ``confirm``, in seconds."""
 
     group: str = "ckptwatch-detect"
     allowed_lateness: float = 5.0
     interval: float = 0.5
     source_idle: float = 30.0  # a source silent this long no longer holds its job's watermark back
+    #: a save incident is paged once the job's watermark is this far past its last failure
+    #: (:class:`ckptwatch.detectors.save_incidents.SaveWindows`); ``confirm`` once the
+    #: launcher reported the job failed. Before that it is stored, provisional.
+    settle: float = 30.0
+    confirm: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -267,6 +274,8 @@ _CHECKS: dict[tuple[str, str], Callable[[Any], str | None]] = {
     ("detect", "interval"): _seconds(zero_ok=False, high=86400.0),
     ("detect", "allowed_lateness"): _seconds(zero_ok=True),
     ("detect", "source_idle"): _seconds(zero_ok=False),
+    ("detect", "settle"): _seconds(zero_ok=True, high=86400.0),
+    ("detect", "confirm"): _seconds(zero_ok=True, high=86400.0),
     ("alerts", "channels"): lambda v: _check_alerts("channels", v),
     ("alerts", "silences"): lambda v: _check_alerts("silences", v),
     ("alerts", "realert_interval"): _seconds(zero_ok=True),

@@ -8,6 +8,7 @@ tails a directory continuously and writes DuckDB. Both use the same stages:
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import re
 from collections.abc import Callable, Iterable
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
+from ckptwatch.config import DetectSettings
 from ckptwatch.detectors import Detector, DetectorConfig, Incident
 from ckptwatch.detectors.events import HOST_KINDS
 from ckptwatch.ingest.stats import Stats
@@ -48,6 +50,16 @@ class PipelineOptions:
 #: event kinds that belong to one rank of a job: without a rank, blame and shard checks are blind
 RANKED_KINDS = ("save_start", "save_end", "save_error", "process_exit", "collective_timeout", "collective_error",
                 "load_error")
+
+
+def detector_config(detect: DetectSettings, base: DetectorConfig | None = None) -> DetectorConfig:
+    """``base`` (default: :class:`DetectorConfig`'s defaults) judged as the ``[detect]`` table
+    says: ``allowed_lateness``, ``source_idle`` and the save windows ``settle`` / ``confirm``
+    (seconds), as ``run`` and the fleet's detectors judge."""
+    base = base or DetectorConfig()
+    windows = dataclasses.replace(base.windows, settle=detect.settle, confirm=detect.confirm)
+    return dataclasses.replace(base, allowed_lateness=detect.allowed_lateness, source_idle=detect.source_idle,
+                               windows=windows)
 
 
 def extract_events(rules: RuleSet, records: pl.DataFrame, stats: Stats) -> pl.DataFrame:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ckptwatch import config
+from ckptwatch.pipeline import detector_config
 
 
 def write(tmp_path, text: str) -> str:
@@ -165,3 +166,17 @@ def test_broker_wait_settings(tmp_path):
     assert (cfg.kafka.connect_hint_after, cfg.kafka.connect_timeout) == (2.0, 5.0)
     with pytest.raises(config.ConfigError, match=r"\[kafka\] connect_timeout: must be more than 0 seconds"):
         config.load(env={"CKPTWATCH_KAFKA_CONNECT_TIMEOUT": "0"})
+
+
+def test_the_save_windows_are_the_detect_tables(tmp_path):
+    """``[detect] settle`` / ``confirm``: how long a save incident waits past its last failure
+    before it is paged (``run`` and the fleet's detectors judge with them)."""
+    path = write(tmp_path, "[detect]\nsettle = 12.5\nconfirm = 0\nsource_idle = 40\n")
+    judged = detector_config(config.load(path, env={}).detect)
+    assert (judged.windows.settle, judged.windows.confirm, judged.source_idle, judged.allowed_lateness) == \
+        (12.5, 0.0, 40.0, 5.0)
+    assert judged.windows.stall_after == 1800.0  # what the table does not name stays
+    defaults = detector_config(config.load(env={}).detect)
+    assert (defaults.windows.settle, defaults.windows.confirm) == (30.0, 5.0)
+    with pytest.raises(config.ConfigError, match=r"\[detect\] settle: must be 0 seconds or more"):
+        config.load(env={"CKPTWATCH_DETECT_SETTLE": "-1"})

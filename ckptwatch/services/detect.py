@@ -66,6 +66,7 @@ from kafka.errors import IllegalStateError, KafkaError
 
 from ckptwatch import failpoints
 from ckptwatch.config import Config
+from ckptwatch import pipeline
 from ckptwatch.detectors import Detector, DetectorConfig, Incident
 from ckptwatch.detectors.checkpoints import BAD_KINDS
 from ckptwatch.kafka.admin import REPORT_EVERY, ensure_topics
@@ -118,7 +119,7 @@ class DetectorMember:
                  metrics: Metrics | None = None) -> None:
         self.config = config
         self.metrics = metrics or Metrics()
-        detector_config = detector_config or DetectorConfig(allowed_lateness=config.detect.allowed_lateness)
+        detector_config = detector_config or pipeline.detector_config(config.detect)
         if detector_config.source_idle is None:
             detector_config = dataclasses.replace(detector_config, source_idle=SOURCE_IDLE)
         self.detector_config = detector_config

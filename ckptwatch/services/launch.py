@@ -19,8 +19,8 @@ import dataclasses
 from collections.abc import Callable
 
 from ckptwatch.config import Config
-from ckptwatch.detectors import DetectorConfig, Incident
-from ckptwatch.pipeline import PipelineOptions
+from ckptwatch.detectors import Incident
+from ckptwatch.pipeline import PipelineOptions, detector_config
 from ckptwatch.rules import RuleSet
 from ckptwatch.services.collect import Collector
 from ckptwatch.services.detect import DetectorMember
@@ -64,9 +64,8 @@ def _collector(config: Config, options: PipelineOptions, say: Say, metrics: Metr
 
 
 def _detector(config: Config, options: PipelineOptions, say: Say, metrics: Metrics | None) -> DetectorMember:
-    detector_config = DetectorConfig(allowed_lateness=config.detect.allowed_lateness, windows=options.detector.windows,
-                                     source_idle=config.detect.source_idle)
-    return DetectorMember(config, detector_config=detector_config, on_message=say, metrics=metrics)
+    return DetectorMember(config, detector_config=detector_config(config.detect, options.detector), on_message=say,
+                          metrics=metrics)
 
 
 def detect(config: Config, options: PipelineOptions, *, until_idle: float | None, say: Say,
