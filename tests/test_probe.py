@@ -111,3 +111,39 @@ def test_the_lightning_callback_probes_when_fit_was_given_a_checkpoint():
     assert lines == []
     cb.on_train_start(SimpleNamespace(ckpt_path="ckpt/epoch=0-step=10.ckpt", global_rank=0, global_step=10), None)
     assert cb.result.reason == "not_finite" and lines[0] == "ckptwatch event=resume step=10 path=ckpt/epoch=0-step=10.ckpt"
+
+
+class _Module:
+    """What the callbacks see of a torch module: ``training``, ``eval()``, ``train(mode)``."""
+
+    def __init__(self) -> None:
+        self.training = True
+
+    def eval(self):
+        self.training = False
+        return self
+
+    def train(self, mode: bool = True):
+        self.training = mode
+        return self
+
+
+def test_the_callbacks_probe_in_eval_mode_and_restore_training():
+    seen: list[bool] = []
+    model = _Module()
+
+    def outputs(m):
+        seen.append(m.training)
+        return RNG.normal(size=(4, 4))
+
+    ProbeCallback(outputs, emit=[].append).on_train_begin(
+        SimpleNamespace(output_dir="out", resume_from_checkpoint=None),
+        SimpleNamespace(global_step=20, is_world_process_zero=True), None, model=model)
+    probe_callback(outputs, emit=[].append).on_train_start(
+        SimpleNamespace(ckpt_path="ckpt/last.ckpt", global_rank=0, global_step=20), model)
+    assert seen == [False, False] and model.training  # dropout off while probing, training mode back after
+    frozen = _Module().eval()
+    ProbeCallback(outputs, emit=[].append).on_train_begin(
+        SimpleNamespace(output_dir="out", resume_from_checkpoint=None),
+        SimpleNamespace(global_step=20, is_world_process_zero=True), None, model=frozen)
+    assert not frozen.training  # a module in eval mode is left so

@@ -27,7 +27,9 @@ Usage, in any training loop::
 
 from __future__ import annotations
 
+import contextlib
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -108,3 +110,21 @@ def report(outputs: Any, *, path: str, step: int | None = None, rank: int | None
     out(format_line("resume", path, step=step, rank=rank))
     out(line(result, path=path, step=step, rank=rank))
     return result
+
+
+def evaluate(outputs: Callable[[Any], Any], model: Any) -> Any:
+    """``outputs(model)`` as a probe must run it: a torch module (anything with ``training``,
+    ``eval`` and ``train``) in eval mode, so that dropout noise neither hides collapsed
+    outputs nor invents differences, and without autograd when torch is loaded; the
+    module's mode is restored after. Used by the HF and Lightning callbacks."""
+    training = bool(getattr(model, "training", False)) and hasattr(model, "eval") and hasattr(model, "train")
+    torch = sys.modules.get("torch")  # never imported here: a process that has a module has torch
+    grad = torch.no_grad() if torch is not None and hasattr(torch, "no_grad") else contextlib.nullcontext()
+    if training:
+        model.eval()
+    try:
+        with grad:
+            return outputs(model)
+    finally:
+        if training:
+            model.train(True)

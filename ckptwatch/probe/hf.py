@@ -4,8 +4,9 @@ A ``TrainerCallback``-compatible object, like :class:`ckptwatch.integrity.api.Ma
 transformers is not imported, and every Trainer event but ``on_train_begin`` is a no-op.
 At ``on_train_begin`` (transformers ``trainer.py`` ``_inner_training_loop`` calls it after
 the checkpoint's model, optimizer and ``TrainerState`` are loaded) of a resumed run
-(``state.global_step > 0``), it runs ``outputs(model)`` on the main process and reports
-the verdict (:func:`ckptwatch.probe.report`) about the checkpoint resumed from:
+(``state.global_step > 0``), it runs ``outputs(model)`` on the main process, in eval mode
+and without autograd (:func:`ckptwatch.probe.evaluate`), and reports the verdict
+(:func:`ckptwatch.probe.report`) about the checkpoint resumed from:
 ``args.resume_from_checkpoint`` when it names one, else ``<output_dir>/checkpoint-<step>``,
 the Trainer's layout.
 """
@@ -18,7 +19,7 @@ from typing import Any
 
 from ckptwatch.integrity.api import TrainerCallbackBase
 from ckptwatch.integrity.logline import Emit
-from ckptwatch.probe import ProbeResult, report
+from ckptwatch.probe import ProbeResult, evaluate, report
 
 
 class ProbeCallback(TrainerCallbackBase):
@@ -38,7 +39,7 @@ class ProbeCallback(TrainerCallbackBase):
         given = getattr(args, "resume_from_checkpoint", None)
         path = given if isinstance(given, str) and given else os.path.join(str(args.output_dir), f"checkpoint-{step}")
         try:
-            self.result = report(self.outputs(model), path=path, step=step, emit=self.emit, atol=self.atol)
+            self.result = report(evaluate(self.outputs, model), path=path, step=step, emit=self.emit, atol=self.atol)
         except Exception as e:  # the probe must never stop training
             self._say(f"ckptwatch: probe of {path} failed: {type(e).__name__}: {e}")
         return None

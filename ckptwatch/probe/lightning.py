@@ -3,7 +3,8 @@
 :func:`probe_callback` returns a ``lightning.pytorch.Callback`` (or ``pytorch_lightning``'s;
 a plain object with the same hook when neither is installed) whose ``on_train_start`` runs,
 on global rank 0, when the run resumed from a checkpoint (``trainer.ckpt_path``, set by
-``Trainer.fit(..., ckpt_path=...)``): ``outputs(pl_module)`` is judged and reported
+``Trainer.fit(..., ckpt_path=...)``): ``outputs(pl_module)``, run in eval mode and without
+autograd (:func:`ckptwatch.probe.evaluate`), is judged and reported
 (:func:`ckptwatch.probe.report`) about that checkpoint, at ``trainer.global_step``.
 """
 
@@ -13,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ckptwatch.integrity.logline import Emit
-from ckptwatch.probe import ProbeResult, report
+from ckptwatch.probe import ProbeResult, evaluate, report
 
 
 def _base() -> type:
@@ -39,7 +40,7 @@ class _Probe:
             return
         step = getattr(trainer, "global_step", None)
         try:
-            self.result = report(self.outputs(pl_module), path=str(path), step=step, emit=self.emit, atol=self.atol)
+            self.result = report(evaluate(self.outputs, pl_module), path=str(path), step=step, emit=self.emit, atol=self.atol)
         except Exception as e:  # the probe must never stop training
             from ckptwatch.integrity.logline import emit_to_stderr
 

@@ -10,7 +10,7 @@ Launched by torchrun or `accelerate launch` (2 processes). Nothing is downloaded
                         (basicConfig with asctime, set_verbosity_info, enable_explicit_format).
 
 --probe : after a resume, run ckptwatch's output probe (ckptwatch.probe.hf.ProbeCallback) on a fixed
-   batch of 8 sequences; it prints one `ckptwatch event=probe ...` line (rank 0).
+   batch of 8 sequences (eval mode); it prints one `ckptwatch event=probe ...` line (rank 0).
 
 --save-sleep S --save-sleep-step N : fault-injection helper used to widen the save window.
    Inside the save of checkpoint-N, every rank sleeps S seconds after the model weights are
@@ -119,13 +119,8 @@ def main():
 
         fixed = RandomTokens(n=8, seed=1).x
 
-        def outputs(m):
-            was = m.training
-            m.eval()
-            with torch.no_grad():
-                logits = m(input_ids=fixed.to(m.device)).logits
-            m.train(was)
-            return logits.float().cpu().numpy()
+        def outputs(m):  # the callback runs it in eval mode, without autograd
+            return m(input_ids=fixed.to(m.device)).logits.float().cpu().numpy()
         trainer.add_callback(ProbeCallback(outputs))
 
     resume = a.resume

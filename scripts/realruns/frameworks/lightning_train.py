@@ -113,9 +113,8 @@ def main():
 
         fixed = RandomData(n=16, seed=1).x
 
-        def outputs(module):
-            with torch.no_grad():
-                return module.net(fixed.to(module.device)).float().cpu().numpy()
+        def outputs(module):  # the callback runs it in eval mode, without autograd
+            return module.net(fixed.to(module.device)).float().cpu().numpy()
         callbacks.append(probe_callback(outputs))
     plugins = [] if a.atomic_io else [SlowIO(a.save_sleep, a.save_sleep_step)]
     strategy = "ddp" if a.pg_timeout is None else DDPStrategy(timeout=timedelta(seconds=a.pg_timeout))
