@@ -18,6 +18,7 @@ from alert_support import sent, sigkill_incident, version
 from pytest_httpserver import HTTPServer
 from rich.console import Console
 
+from ckptwatch.history import queries
 from ckptwatch.config import AlertSettings
 from ckptwatch.detectors.incident import EvidenceItem
 from ckptwatch.sinks.alerts import pagerduty, slack
@@ -518,9 +519,38 @@ def test_group_by_pages_one_storage_outage_once_on_a_direct_channel(httpserver, 
                                "AND status = 'grouped' ORDER BY incident_id").fetchall()
     assert rows == sorted((i.id, "grouped", f"grouped under incident {outage[0].id} (storage_host=filer-2)")
                           for i in outage[1:])
+    # the page's incident lists what it stands for (ckptwatch incidents show)
+    r.store.upsert_incidents([*outage, other])
+    under = queries.grouped_under(r.store.raw, outage[0].id)
+    assert under.select("incident_id", "job", "channel").rows() == [(i.id, i.job, "pager") for i in outage[1:]]
+    assert queries.grouped_under(r.store.raw, other.id).is_empty()
     r.notify(*[version(i, remediation="more evidence") for i in outage], now=T0 + dt.timedelta(minutes=1))
     r.notify(*[version(i, status="resolved") for i in outage], now=T0 + dt.timedelta(minutes=2))
     r.pump(T0 + dt.timedelta(minutes=2))
     pd = sent(httpserver, "/v2/enqueue")
     assert [(p["event_action"], p["dedup_key"]) for p in pd[2:]] == [("resolve", outage[0].id)]
     assert "2 grouped" in r.alerter.summary()
+    r.close()
+    from typer.testing import CliRunner
+
+    from ckptwatch import cli
+
+    shown = CliRunner().invoke(cli.app, ["incidents", "show", outage[0].id, "--db", r.db])
+    assert shown.exit_code == 0, shown.output
+    assert "  grouped here 2 incident(s), not paged on their own\n" in shown.stdout
+    assert f"    {outage[1].id}  storage_failure_during_save job llm-1 step 40  (pager)" in shown.stdout
+    doc = json.loads(CliRunner().invoke(cli.app, ["incidents", "show", outage[0].id, "--db", r.db, "--json"]).stdout)
+    assert [g["job"] for g in doc["grouped_here"]] == ["llm-1", "llm-2"]
+    import urllib.request
+
+    from ckptwatch.ui.app import create_app
+    from ckptwatch.ui.server import ConsoleServer
+
+    server = ConsoleServer(create_app(r.db), port=0).start()  # the web console's incident page, over HTTP
+    try:
+        with urllib.request.urlopen(f"{server.url}incidents/{outage[0].id}", timeout=60) as res:
+            page = res.read().decode()
+    finally:
+        server.close()
+    assert '<h2 style="font-size:1rem">Grouped under this page</h2>' in page
+    assert page.count(f'<a href="/incidents/{outage[1].id}"><code>{outage[1].id}</code></a>') == 1

@@ -179,12 +179,14 @@ def show_cmd(incident: Annotated[str, typer.Argument(metavar="ID", help="Inciden
                                                                  "evidence row with its file.")] = False,
              config: ConfigOpt = None) -> None:
     """One incident whole: the report diagnose prints, its evidence lines with their file
-    and host, and the alerts sent about it."""
-    inc, evidence, (alerts, paging) = _read_incident(
-        _db(db, config), incident, lambda con, iid, _inc: (queries.alerts_of(con, iid), queries.paging_of(con, iid)))
+    and host, the alerts sent about it, and the incidents grouped under its page."""
+    inc, evidence, (alerts, paging, grouped) = _read_incident(
+        _db(db, config), incident, lambda con, iid, _inc: (queries.alerts_of(con, iid), queries.paging_of(con, iid),
+                                                           queries.grouped_under(con, iid)))
     if as_json:
         doc = inc.to_dict()
         doc["paging"] = paging
+        doc["grouped_here"] = grouped.to_dicts()
         for item, row in zip(doc["evidence"], evidence.iter_rows(named=True), strict=True):
             item["file"], item["read_on"] = row["file"], row["read_on"]
         doc["alerts"] = alerts.to_dicts()
@@ -200,6 +202,11 @@ def show_cmd(incident: Annotated[str, typer.Argument(metavar="ID", help="Inciden
                    f"[dim]{escape(where)}[/dim]")
         _out.print(f"      {escape(r['line'] or '')}")
     _out.print(f"  paging       {paging}")
+    if not grouped.is_empty():  # a channel's group_by: this page stands for them too
+        _out.print(f"  grouped here {grouped.height} incident(s), not paged on their own")
+        for g in grouped.iter_rows(named=True):
+            _out.print(f"    {g['incident_id']}  {escape(g['kind'])} job {escape(str(g['job']))} step {g['step']}  "
+                       f"[dim]({escape(g['channel'])})[/dim]")
     if not alerts.is_empty():
         _out.print("  alerts")
         for a in alerts.iter_rows(named=True):

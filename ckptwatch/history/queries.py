@@ -154,6 +154,18 @@ def alerts_of(con: duckdb.DuckDBPyConnection, incident_id: str) -> pl.DataFrame:
                   "FROM alerts WHERE incident_id = ? ORDER BY id", [incident_id])
 
 
+def grouped_under(con: duckdb.DuckDBPyConnection, incident_id: str) -> pl.DataFrame:
+    """The incidents a channel's ``group_by`` put under ``incident_id``'s page (their trigger
+    recorded ``grouped``, not sent): ``incident_id``, ``job``, ``kind``, ``step``, ``channel``,
+    oldest first; empty when there are none or no ``alerts`` table. The on-call's one page
+    stands for these too."""
+    if not has_table(con, "alerts"):
+        return pl.DataFrame()
+    return _frame(con, "SELECT a.incident_id, i.job, i.kind, i.step, a.channel FROM alerts a "
+                  "JOIN incidents i ON i.id = a.incident_id WHERE a.status = 'grouped' "
+                  "AND starts_with(a.last_error, ?) ORDER BY a.id", [f"grouped under incident {incident_id} "])
+
+
 def export(con: duckdb.DuckDBPyConnection, out: str, *, fmt: str, table: str = "incidents",
            ids: list[str] | None = None) -> int:
     """Write ``table`` (one of :data:`EXPORT_TABLES`; ``evidence`` with each row's file) to

@@ -106,6 +106,7 @@ def create_app(database: str, *, snapshot_only: bool = False) -> Flask:
                 inc, evidence = queries.load_incident(con, iid)
                 alerts = queries.alerts_of(con, iid)
                 paging = queries.paging_of(con, iid)
+                grouped = queries.grouped_under(con, iid)
                 picture = svg(timeline.build_timeline(con, inc))
         except HistoryError as e:
             return render_template("list.html", rows=[], source="", error=str(e), f={}, kinds=[], severities=[],
@@ -113,7 +114,8 @@ def create_app(database: str, *, snapshot_only: bool = False) -> Flask:
         ev = [{**e, "ts": f"{e['ts']:%H:%M:%S.%f}"[:-3]} for e in evidence.iter_rows(named=True)]
         al = [{**a, "created": _when(a["created_ts"])} for a in alerts.iter_rows(named=True)]
         return render_template("incident.html", inc=inc, svg=picture, report=report_text(inc), evidence=ev,
-                               alerts=al, paging=paging, source=opened.describe(), **common("list"))
+                               alerts=al, paging=paging, grouped=grouped.to_dicts(), source=opened.describe(),
+                               **common("list"))
 
     def uploads() -> list[Upload]:
         out = []
