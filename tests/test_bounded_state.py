@@ -183,3 +183,19 @@ def test_fleet_retention_counts_a_job_quiet_since_the_horizon_as_ended(tmp_path)
         store.close()
     assert [(j, t.astimezone(dt.timezone.utc)) for j, t in left] == [("live-job", now - 40 * 24 * HOUR),
                                                                        ("live-job", now - HOUR)]
+
+
+def test_registry_keeps_the_earlier_attempts_of_a_step_through_a_snapshot_and_a_prune():
+    reg = CheckpointRegistry()
+    torn = SaveFact("job-a", 40, "/c/step_40", False, at(0), 4, missing=(2,))
+    again = SaveFact("job-b", 40, "/c/step_40", True, at(100), 4)
+    reg.record_save(torn)
+    reg.record_save(again)  # a later run writes the step again
+    assert reg.fact_at(("/c", 40), at(50)) == torn and reg.fact_at(("/c", 40), at(150)) == again
+    assert reg.fact_at(("/c", 40), at(-10)) == again  # a load before any save seen: the latest
+    restored = CheckpointRegistry.from_dict(json.loads(json.dumps(reg.to_dict())))
+    assert restored.fact_at(("/c", 40), at(50)) == torn and restored.saves[("/c", 40)] == again
+    for n in range(1, 7):  # at most MAX_ATTEMPTS earlier ones, the newest
+        reg.record_save(SaveFact("job-b", 40, "/c/step_40", True, at(100 + n), 4))
+    assert [f.first_ts for f in reg.earlier[("/c", 40)]] == [at(100 + n) for n in range(2, 6)]
+    assert reg.prune(at(104)) == 2 and [f.first_ts for f in reg.earlier[("/c", 40)]] == [at(104), at(105)]

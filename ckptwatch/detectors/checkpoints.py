@@ -30,6 +30,8 @@ BAD_KINDS = frozenset({"interrupted_save", "storage_failure_during_save", "parti
 
 #: Steps kept per checkpoint root in each registry table (see :meth:`CheckpointRegistry.prune`).
 MAX_PER_ROOT = 256
+#: earlier attempts kept per checkpoint (:attr:`CheckpointRegistry.earlier`)
+MAX_ATTEMPTS = 4
 
 
 def checkpoint_key(path: str | None, step: int | None) -> CheckpointKey:
@@ -92,10 +94,14 @@ def _comparable(fact: SaveFact) -> tuple:
 @dataclass
 class CheckpointRegistry:
     """Facts per :data:`CheckpointKey`. ``saves``: the latest save of each key (by first
-    start; a fact learned twice changes nothing); ``bad``: the save incident (not superseded,
-    not resolved away) that marked a key not-good."""
+    start; a fact learned twice changes nothing); ``earlier``: the attempts a later one
+    replaced (a run resumed from an older checkpoint writes the same step again), oldest
+    first, at most :data:`MAX_ATTEMPTS`: a load is judged by the attempt written before it
+    (:meth:`fact_at`); ``bad``: the save incident (not superseded, not resolved away) that
+    marked a key not-good."""
 
     saves: dict[CheckpointKey, SaveFact] = field(default_factory=dict)
+    earlier: dict[CheckpointKey, list[SaveFact]] = field(default_factory=dict)
     bad: dict[CheckpointKey, Incident] = field(default_factory=dict)
     #: checkpoints a verification found ``ok`` (path as verified): good, whatever the logs saw of their save
     verified: dict[CheckpointKey, str | None] = field(default_factory=dict)
@@ -108,9 +114,42 @@ class CheckpointRegistry:
         old = self.saves.get(key)
         if (old is not None and old.job != fact.job and old.first_ts and fact.first_ts
                 and old.first_ts > fact.first_ts):
+            self.record_earlier(fact)  # another job's older attempt
             return False
+        if old is not None and old.first_ts and fact.first_ts and fact.first_ts > old.first_ts:
+            self.record_earlier(old)  # a later attempt of the step (a newer view only moves its start earlier)
         self.saves[key] = fact
         return old is None or _comparable(old) != _comparable(fact)
+
+    def record_earlier(self, fact: SaveFact) -> bool:
+        """Remember ``fact`` as an attempt that a later one of its key replaced (the detector
+        gives those of a job it holds: :func:`~ckptwatch.detectors.saves.saves_of`'s negative
+        keys); True if it is new or changed."""
+        if fact.first_ts is None:
+            return False
+        key = checkpoint_key(fact.path, fact.step)
+        if key not in self.saves:  # the same step in another folder: the latest save of its own checkpoint
+            return self.record_save(fact)
+        known = self.earlier.setdefault(key, [])
+        same = next((i for i, f in enumerate(known) if f.job == fact.job and f.first_ts == fact.first_ts), None)
+        if same is not None:
+            if _comparable(known[same]) == _comparable(fact):
+                return False
+            known[same] = fact
+        else:
+            known.append(fact)
+            known.sort(key=lambda f: f.first_ts or dt.datetime.min.replace(tzinfo=dt.timezone.utc))
+            del known[:-MAX_ATTEMPTS]
+        return True
+
+    def fact_at(self, key: CheckpointKey, at: dt.datetime) -> SaveFact | None:
+        """The save of ``key`` (resolved) that a load at ``at`` (UTC) found: the latest
+        attempt begun before ``at``; the latest attempt when none was (or none is dated)."""
+        key = self.resolve(key)
+        latest = self.saves.get(key)
+        before = [f for f in (*self.earlier.get(key, ()), *((latest,) if latest else ()))
+                  if f.first_ts is not None and f.first_ts < at]
+        return max(before, key=lambda f: f.first_ts) if before else latest
 
     def record_incident(self, inc: Incident) -> bool:
         """Remember a save incident as marking its checkpoint not-good (or forget it, when
@@ -147,6 +186,13 @@ class CheckpointRegistry:
             for k in old:
                 del table[k]
             gone += len(old)
+        for k in list(self.earlier):
+            kept = [f for f in self.earlier[k] if k in self.saves and f.first_ts is not None and f.first_ts >= before]
+            gone += len(self.earlier[k]) - len(kept)
+            if kept:
+                self.earlier[k] = kept
+            else:
+                del self.earlier[k]
         for table in (self.saves, self.bad, self.verified):
             by_root: dict[str | None, list[CheckpointKey]] = {}
             for k in table:
@@ -157,13 +203,17 @@ class CheckpointRegistry:
                     for k in keys[: len(keys) - keep_per_root]:
                         del table[k]
                         gone += 1
+        for k in [k for k in self.earlier if k not in self.saves]:
+            gone += len(self.earlier.pop(k))
         return gone
 
     def to_dict(self) -> dict:
-        """JSON-ready snapshot: ``{"saves": [SaveFact dicts], "bad": [incident dicts without
-        evidence], "verified": [[root, step, path]]}`` (inverse: :meth:`from_dict`)."""
+        """JSON-ready snapshot: ``{"saves": [SaveFact dicts], "earlier": [SaveFact dicts],
+        "bad": [incident dicts without evidence], "verified": [[root, step, path]]}``
+        (inverse: :meth:`from_dict`; a snapshot without ``earlier`` is read too)."""
         return {
             "saves": [f.to_dict() for f in self.saves.values()],
+            "earlier": [f.to_dict() for fs in self.earlier.values() for f in fs],
             "bad": [{**i.to_dict(), "evidence": []} for i in self.bad.values()],
             "verified": [[r, s, p] for (r, s), p in self.verified.items()],
         }
@@ -174,6 +224,8 @@ class CheckpointRegistry:
         reg = cls()
         for f in d["saves"]:
             reg.record_save(SaveFact.from_dict(f))
+        for f in d.get("earlier", ()):
+            reg.record_earlier(SaveFact.from_dict(f))
         for i in d["bad"]:
             reg.record_incident(Incident.from_dict(i))
         for r, s, p in d["verified"]:
@@ -207,7 +259,8 @@ class CheckpointRegistry:
         or verified ok; else None."""
         root, step = self.resolve(key)
         good: dict[int, str | None] = {s: p for (r, s), p in self.verified.items() if r == root and s is not None}
-        for (r, s), fact in self.saves.items():
+        attempts = [*self.saves.items(), *((k, f) for k, fs in self.earlier.items() for f in fs)]
+        for (r, s), fact in attempts:
             if r == root and s is not None and fact.complete and fact.first_ts is not None and fact.first_ts < at:
                 good[s] = fact.path
         earlier = [s for s in good if step is not None and s < step and (root, s) not in self.bad]
@@ -221,7 +274,7 @@ class CheckpointRegistry:
         of ``at`` (UTC, the load's time). A checkpoint written again completely, after it was
         marked bad and before ``at``, is good again."""
         key = self.resolve(key)
-        save = self.saves.get(key)
+        save = self.fact_at(key, at)
         bad = self.bad.get(key)
         if bad is not None and save is not None and save.complete and save.job != bad.job and save.first_ts:
             if bad.first_ts < save.first_ts < at:

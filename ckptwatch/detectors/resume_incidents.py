@@ -181,7 +181,7 @@ def retraction(inc: Incident, registry: CheckpointRegistry) -> str | None:
     behind it as new lines arrived), and the incident stands."""
     cs = inc.checkpoint_state
     key = registry.resolve(checkpoint_key(cs.get("loaded_path") or inc.checkpoint_path, inc.step))
-    save = registry.saves.get(key)
+    save = registry.fact_at(key, inc.first_ts)  # what the load found, not a later run's save of the step
     cited = f" ({cs['bad_kind']} {cs['marked_bad_by']} no longer stands)" if cs.get("marked_bad_by") else ""
     if save is not None and save.complete:
         return (f"the save of step {save.step} by job {save.job} finished on every rank after all (its last "

@@ -411,10 +411,11 @@ class Detector:
         windows = saver_windows(state.losses, {s.step for s in saves.values()}, self.config.regression.k)
         changed = False
         for key, s in saves.items():
-            if key < 0:
-                continue  # an attempt given up for a later one of the step: that one is the checkpoint
             fact = SaveFact(job, s.step, s.path, s.complete, s.first_ts, state.world_size, windows[s.step],
                             tuple(s.missing))
+            if key < 0:  # an attempt a later one of the step replaced: what a load before that one found
+                changed |= self.registry.record_earlier(fact)
+                continue
             if self.registry.record_save(fact):
                 changed = True
                 self._new_saves[checkpoint_key(fact.path, fact.step)] = fact

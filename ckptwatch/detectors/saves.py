@@ -124,6 +124,7 @@ def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
     started_step: dict[int, tuple[tuple, int]] = {}  # rank -> (key, step) of its latest save line with a step
     open_save: dict[int, int] = {}  # rank -> the step of its latest started save not ended
     restarts: list[dt.datetime] = []  # deaths, loads and resumes: after one, a save of the same step is a new attempt
+    restart_evs: list[Ev] = []  # the same events: what a process logs after one says nothing of an earlier save
     abandoned: list[SaveState] = []  # earlier attempts of a step saved again after a restart
 
     def last_step(rank: int, key: tuple, *, anyone: bool) -> int | None:
@@ -147,6 +148,7 @@ def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
             failures.append(ev)
         if ev.kind in ("job_failed", "process_exit", "oom_kill", "job_signal", "resume", "load_start"):
             restarts.append(ev.ts)  # processes died, or a new run loaded a checkpoint
+            restart_evs.append(ev)
         if ev.kind not in _SAVE_KINDS and not during_save:
             continue
         rank = state.main_rank_of(ev)
@@ -163,9 +165,11 @@ def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
         if ev.kind == "save_start" and ev.step is not None:
             started_step[rank] = (_key(ev), ev.step)
         s = saves.setdefault(step, SaveState(step=step))
-        if ev.kind == "save_start" and rank in s.started and rank not in s.finished and rank not in s.failed:
+        if ev.kind == "save_start" and rank in s.started and rank not in s.failed:
             since = s.started[rank].ts
-            if any(since < t < ev.ts for t in restarts):  # the job died and runs again: a new attempt
+            # the job died or a new run loaded a checkpoint: a new attempt (one that finished
+            # before stays a save of its own: a run resumed from an older step writes it again)
+            if any(since < t < ev.ts for t in restarts):
                 abandoned.append(s)
                 s = saves[step] = SaveState(step=step)
         s.path = _better_path(s.path, ev.path if ev.kind in _SAVE_KINDS else None)
@@ -204,6 +208,12 @@ def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
         if s.first_ts is None:
             continue
         failed_at = next((f for f in failures if f.ts >= s.first_ts), None)
+        # a run that loads a checkpoint after the save began is another process: its progress,
+        # its end of training and its saves end nothing of this one (a run killed mid-save
+        # logs no failure; the next run, resumed from an older step, goes past this one)
+        cut = next((e for e in restart_evs if e.ts > s.first_ts), None)
+        if cut is not None and (failed_at is None or _before(cut, failed_at)):
+            failed_at = cut
         ended = next((e for e in ends if e.ts >= s.first_ts), None)
         is_async = any(e.attrs.get("async") for e in s.started.values())
         for rank in s.expected - set(s.finished):

@@ -1,0 +1,105 @@
+"""The same step saved by several runs of one job (``python train.py >> train.log`` again
+and again, or attempts in files that name no job). Found by a new user's trial:
+
+* a run killed in the middle of the save of step 40 logs nothing more; the next run fails
+  to load checkpoint-40; a third run resumes from checkpoint-30 and saves step 40 again.
+  The poisoned resume of the second run was withdrawn ("finished after all") once the
+  third run's save arrived, and the third run's progress had ended the first run's save;
+* a run resumed from checkpoint-20 that saves into another folder (ckpt3/checkpoint-30)
+  took the place of the first run's ckpt/checkpoint-30, so the last good checkpoint of a
+  later incident went back to step 10.
+
+A save is ended only by what its own process logs (a load or resume after it began cuts
+it off), and a load is judged by the attempt written before it
+(:meth:`~ckptwatch.detectors.checkpoints.CheckpointRegistry.fact_at`)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import duckdb
+
+from ckptwatch.embedded import EmbeddedRunner
+from ckptwatch.pipeline import PipelineOptions, diagnose
+
+T0 = dt.datetime(2026, 12, 4, 1, 47, 54, tzinfo=dt.timezone.utc)
+
+
+def _log(sec: float, msg: str) -> str:
+    t = T0 + dt.timedelta(seconds=sec)
+    return f"{t:%Y-%m-%d %H:%M:%S},{t.microsecond // 1000:03d} INFO  [mytrain] {msg}\n"
+
+
+def _train(sec: float, first: int, last: int, root: str = "ckpt", *, killed_at: int | None = None) -> str:
+    out = [_log(sec, f"Training from step {first} to {last}")]
+    for step in range(first + 1, last + 1):
+        sec += 0.05
+        out.append(_log(sec, f"step {step} loss {1.0 / step:.4f}"))
+        if step % 10 == 0:
+            out.append(_log(sec, f"Saving checkpoint to {root}/checkpoint-{step}"))
+            if step == killed_at:
+                return "".join(out)  # SIGKILL inside torch.save: nothing more
+            out.append(_log(sec + 0.01, f"Saved checkpoint {root}/checkpoint-{step}"))
+    return "".join(out) + _log(sec + 0.1, "done")
+
+
+ZIP = ("Traceback (most recent call last):\n  File \"train.py\", line 20, in <module>\n"
+       "    sd = torch.load(os.path.join(a.resume, \"model.pt\"))\n"
+       "RuntimeError: PytorchStreamReader failed reading zip archive: failed finding central directory\n")
+
+KILLED = _train(0, 0, 40, killed_at=40)
+FAILED = _log(10, "Resuming from checkpoint ckpt/checkpoint-40") + ZIP
+AGAIN = _log(20, "Resuming from checkpoint ckpt/checkpoint-30") + _train(20.01, 30, 60)
+
+
+def test_a_later_run_saving_the_step_again_does_not_make_the_torn_one_whole(tmp_path):
+    (tmp_path / "train.log").write_text(KILLED + FAILED + AGAIN)
+    incidents, _ = diagnose([str(tmp_path)])
+    got = {(i.kind, i.step): i for i in incidents}
+    assert sorted(got) == [("load_failure", 40), ("poisoned_resume", 40)]
+    poisoned = got[("poisoned_resume", 40)]
+    assert poisoned.status == "open" and poisoned.checkpoint_state["reason"] == "never_finished"
+    assert poisoned.last_good_checkpoint == {"step": 30, "path": "ckpt/checkpoint-30"}
+    # the same attempts in three files that name no job: one job, judged the same
+    for n, text in enumerate((KILLED, FAILED, AGAIN)):
+        (tmp_path / "sep").mkdir(exist_ok=True)
+        (tmp_path / "sep" / f"attempt{n + 1}.log").write_text(text)
+    incidents, _ = diagnose([str(tmp_path / "sep")])
+    assert sorted((i.kind, i.step, i.status) for i in incidents) == [("load_failure", 40, "open"),
+                                                                    ("poisoned_resume", 40, "open")]
+
+
+def test_a_poisoned_resume_paged_live_stays_when_the_step_is_saved_again(tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "train.log").write_text(KILLED + FAILED)
+    db = str(tmp_path / "inc.duckdb")
+    runner = EmbeddedRunner(str(logs), db, PipelineOptions())
+    now = T0 + dt.timedelta(seconds=15)
+    try:
+        first = set()
+        for k in range(4):  # the watermark passes the resume: the save never seen to finish is judged
+            first |= {(i.kind, i.step, i.status) for i in runner.cycle(now=now + dt.timedelta(seconds=10 * k))}
+        assert ("poisoned_resume", 40, "open") in first
+        with open(logs / "train.log", "a") as f:
+            f.write(AGAIN)
+        for k in range(4, 8):
+            runner.cycle(now=now + dt.timedelta(seconds=10 * k))
+    finally:
+        runner.close()
+    con = duckdb.connect(db, read_only=True)
+    rows = con.execute("SELECT kind, step, status FROM incidents ORDER BY kind").fetchall()
+    con.close()
+    assert rows == [("load_failure", 40, "open"), ("poisoned_resume", 40, "open")]
+
+
+def test_a_save_into_another_folder_does_not_take_the_place_of_the_first_run_s(tmp_path):
+    first = _train(0, 0, 40)
+    again = _log(15, "Resuming from checkpoint ckpt/checkpoint-20") + _train(15.01, 20, 30, root="ckpt3")
+    nan = (_log(30, "Resuming from checkpoint ckpt/checkpoint-40")
+           + "2026-12-04T01:48:24.332671Z ckptwatch event=probe step=40 verdict=degenerate reason=not_finite "
+             "values=64 rows=16 distinct_rows=16 finite=0.75 std=1.734 path=ckpt/checkpoint-40\n")
+    (tmp_path / "train.log").write_text(first + again + nan)
+    (inc,) = diagnose([str(tmp_path)])[0]
+    assert (inc.kind, inc.step) == ("load_failure", 40)
+    assert inc.last_good_checkpoint == {"step": 30, "path": "ckpt/checkpoint-30"}  # not ckpt3's, not step 10
