@@ -37,7 +37,7 @@ EXPECTED = {
         f"was interrupted by SIGKILL (rank 2, host vm); last good: step 20 ({C02}20)",
     ("examples/corpus/02-sigkill-mid-save/logs", "load_failure", 40):
         f"load_failure: job job-0202-resume-iter40: loading step 40 ({C02}40) failed: missing_metadata; its save "
-        "was interrupted by SIGKILL (rank 2, host vm)",
+        f"was interrupted by SIGKILL (rank 2, host vm); last good: step 20 ({C02}20)",
     ("examples/corpus/03-collective-timeout/logs", "interrupted_save", 40):
         "interrupted_save: job job-0301-timeout: save of step 40 (/tmp/corpus-work/03-collective-timeout/checkpoints/"
         "step_0000040) cut off by a collective timeout: rank 1 stopped taking part (host vm); last good: step 20 "
@@ -189,3 +189,27 @@ def test_a_storage_error_named_by_another_root_line_still_names_its_errno(real_i
     ev = dataclasses.replace(inc.evidence[0], role="root_cause", line="OSError: [Errno 28] No space left on device")
     moved = dataclasses.replace(inc, root_cause=rc, evidence=[ev])
     assert "failed on storage: ENOSPC (rank 0)" in headline(moved)
+
+
+def test_a_chained_traceback_names_its_exception_line_and_the_errno_after_it(tmp_path):
+    """A second trial, as a user's loop logs it: the traceback of torch.save's short write
+    ends with "During handling of the above exception" (a blank line splits the record), and
+    the OSError with the errno comes as a record of its own. The root cause's line was the
+    separator, and the headline said "a short write" though ENOSPC was in the evidence."""
+    (tmp_path / "train-rank0.log").write_text(
+        "2026-12-04 01:50:51,367 INFO  [mytrain] Saving checkpoint to /ck/checkpoint-10\n"
+        "2026-12-04 01:50:51,567 INFO  [mytrain] Saved checkpoint /ck/checkpoint-10\n"
+        "2026-12-04 01:50:51,567 INFO  [mytrain] step 20 loss 0.5\n"
+        "2026-12-04 01:50:51,567 INFO  [mytrain] Saving checkpoint to /ck/checkpoint-20\n"
+        "Traceback (most recent call last):\n"
+        '  File "/tmp/train.py", line 37, in <module>\n'
+        "    torch.save(state, path)\n"
+        '  File "/usr/lib/python3/site-packages/torch/serialization.py", line 965, in save\n'
+        "    with _open_zipfile_writer(f) as opened_zipfile:\n"
+        "RuntimeError: [enforce fail at inline_container.cc:626] . unexpected pos 1472 vs 1366\n"
+        "During handling of the above exception, another exception occurred:\n\n"
+        "OSError: [Errno 28] No space left on device\n")
+    (inc,), _ = diagnose([str(tmp_path)])
+    assert inc.root_cause.line == "RuntimeError: [enforce fail at inline_container.cc:626] . unexpected pos 1472 vs 1366"
+    assert headline(inc) == ("storage_failure_during_save: job unknown: save of step 20 (/ck/checkpoint-20) failed on "
+                             "storage: ENOSPC (rank 0); last good: step 10 (/ck/checkpoint-10)")

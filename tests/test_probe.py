@@ -29,6 +29,9 @@ RNG = np.random.default_rng(7)
     (np.where(np.eye(8, 16) > 0, np.nan, 1.0), "degenerate", "not_finite"),
     (np.tile(RNG.normal(size=16), (8, 1)), "degenerate", "collapsed"),
     (np.zeros((0, 16)), "degenerate", "empty"),
+    # every weight one value (a new user's trial): rows differ, each row's outputs are one value
+    (np.repeat(RNG.normal(size=(8, 1)) * 10, 16, axis=1), "degenerate", "flat"),
+    (RNG.normal(size=(8, 1)), "ok", ""),  # one output per row (a regression head) is not flat
     ([1.0, 2.0, 3.0], "ok", ""),
 ])
 def test_check_judges_the_outputs_alone(outputs, verdict, reason):

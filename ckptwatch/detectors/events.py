@@ -52,6 +52,10 @@ def _interned(value: str | None) -> str | None:
     return None if value is None else sys.intern(value)
 
 
+#: the lines Python puts between the tracebacks of chained exceptions
+_CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
+
+
 @dataclass(frozen=True, slots=True)
 class Ev:
     """One event. ``ts`` is UTC; ``attrs`` is the decoded JSON object."""
@@ -141,8 +145,12 @@ class Ev:
         if not lines:
             return ""
         pick = lines[0]
-        if pick.startswith("Traceback") or pick.startswith(("Failures:", "Root Cause", "[")):
+        # a traceback, or the chained part of one read as its own record ("During handling of
+        # the above exception, another exception occurred:" ... "OSError: [Errno 28] ...")
+        if pick.startswith(("Traceback", "Failures:", "Root Cause", "[", *_CHAINED)):
             for x in reversed(lines):
+                if x.startswith(_CHAINED) and x is not lines[0]:
+                    continue  # the separator a chained exception's record ends with says nothing
                 if not x.startswith((" ", "\t")) or "exitcode" in x:
                     pick = x.strip()
                     break

@@ -145,7 +145,10 @@ def why(inc: Incident) -> str:
     cs = inc.checkpoint_state or {}
     kind = inc.kind
     if kind in ("interrupted_save", "storage_failure_during_save"):
-        roots = [e.line for e in inc.evidence if e.role == "root_cause"]
+        rank = inc.root_cause.rank if inc.root_cause else None
+        # the root's own chained exceptions may be separate records ("OSError: [Errno 28] ..."
+        # after "During handling of the above exception"): the same rank's lines count too
+        roots = [e.line for e in inc.evidence if e.role == "root_cause" or (e.role == "collateral" and e.rank == rank)]
         return _cause(inc.root_cause, roots) or "a failure not named in the logs read"
     if kind == "partial_checkpoint":
         missing = sorted(set(cs.get("started_not_finished", [])) | set(cs.get("not_started", [])) |
@@ -181,7 +184,7 @@ def why(inc: Incident) -> str:
 
 #: ckptwatch.probe's reasons (:data:`ckptwatch.probe.REASONS`) in words
 PROBE_WORDS = {"constant": "constant", "not_finite": "not finite (NaN or inf)",
-               "collapsed": "the same for every input", "empty": "empty"}
+               "collapsed": "the same for every input", "flat": "flat (one value across each row's outputs)", "empty": "empty"}
 
 
 def _probe(p: dict) -> str:
@@ -260,5 +263,7 @@ def headline(inc: Incident) -> str:
         fmt = _PROBED
     elif inc.kind == "load_failure" and cs.get("after_load"):
         fmt = _AFTER_LOAD
+    if inc.kind == "load_failure" and "{good}" not in fmt and (inc.last_good_checkpoint or {}).get("step") is not None:
+        fmt += "; {good}"  # where to resume from, when it is known
     fact = fmt.format(at=where(inc), why=why(inc), good=last_good(inc.last_good_checkpoint))
     return f"{inc.kind}: job {inc.job or '(unnamed)'}: {fact}"

@@ -11,6 +11,8 @@ do it) and judges the outputs alone, framework-agnostic:
 * ``constant``: every value equal (standard deviation under ``atol``);
 * ``collapsed``: every row (first axis) equal to the first, with two rows or more: the
   model ignores its input;
+* ``flat``: every row the same value across its outputs, with two outputs or more (logits
+  equal over the vocabulary): what weights all set to one value give;
 * ``empty``: no value at all.
 
 :func:`check` returns a :class:`ProbeResult`; :func:`report` prints it as ckptwatch's
@@ -38,7 +40,7 @@ import numpy as np
 
 from ckptwatch.integrity.logline import emit_to_stderr, format_line
 
-REASONS = ("not_finite", "constant", "collapsed", "empty")
+REASONS = ("not_finite", "constant", "collapsed", "flat", "empty")
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,8 @@ def check(outputs: Any, *, atol: float = 1e-6) -> ProbeResult:
         reason = "constant"
     elif rows.shape[0] > 1 and distinct == 1:
         reason = "collapsed"
+    elif rows.shape[1] > 1 and bool(np.all(np.ptp(rows, axis=1) <= atol)):
+        reason = "flat"
     return ProbeResult("degenerate" if reason else "ok", reason, int(rows.size), int(rows.shape[0]), distinct,
                        finite, 0.0 if math.isnan(std) else std)
 
