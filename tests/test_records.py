@@ -105,6 +105,20 @@ def test_a_line_again_in_the_same_file_is_another_occurrence_not_a_copy(tmp_path
     assert stats.open_saves == []
 
 
+def test_an_undated_line_of_no_rank_in_two_files_is_two_lines(tmp_path):
+    """Three HF Trainer attempts in three files that name no job and no rank (a new user's
+    trial): each ends its last save with the undated "Training completed." line. Keyed on
+    its text alone, the second and third were taken for copies of the first, and their
+    step-30 saves were left "not seen to finish"."""
+    hf = "[INFO|trainer.py:4193] 2026-12-04 01:{m:02d}:{s:02d},772 >> Saving model checkpoint to out/checkpoint-{step}\n"
+    done = "\nTraining completed. Do not forget to share your model on huggingface.co/models =)\n\n"
+    for n, (m, first) in enumerate(((39, 10), (40, 30), (41, 20)), start=1):
+        saves = "".join(hf.format(m=m, s=step, step=step) for step in range(first, 31, 10))
+        (tmp_path / f"hf{n}.log").write_text(saves + done)
+    incidents, stats = diagnose([str(tmp_path)])
+    assert incidents == [] and stats.open_saves == [] and stats.duplicate_events == 0
+
+
 def test_two_slurm_outputs_are_two_jobs_and_a_line_naming_the_job_wins(tmp_path):
     (tmp_path / "slurm-4242.out").write_text("0: step 1\n1: step 1\n")
     (tmp_path / "slurm-4243_7.out").write_text("0: step 1\n0: run_id : llama-9\n")

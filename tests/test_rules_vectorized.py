@@ -37,7 +37,8 @@ def reference_keys(df: pl.DataFrame) -> list[str]:
     for job, host, lr, rank, line, ts, src, sid in df.select(
             "job", "host", "local_rank", "rank", "line", "ts", "ts_source", "source_id").iter_rows():
         who = f"l{lr}" if lr is not None else (f"r{rank}" if rank is not None else (f"h{host}" if host else "-"))
-        when = ts.isoformat() if src == "line" and ts is not None else (f"@{sid}" if src == "mtime" else "")
+        when = (ts.isoformat() if src == "line" and ts is not None
+                else f"@{sid}" if src == "mtime" or who == "-" else "")
         keys.append(hashlib.sha256(f"{job}\x1f{who}\x1f{when}\x1f{line}".encode()).hexdigest()[:20])
     return keys
 

@@ -911,7 +911,8 @@ def _dedup_keys(df: pl.DataFrame) -> pl.Series:
     the same key: job, local rank (else rank, else host), the record text and, when the record has
     its own time, that time. Records without their own time (tracebacks) key on text alone,
     because the line before them differs between the two files; but in a file with no
-    time at all (its mtime stands in) the file is part of the key.
+    time at all (its mtime stands in), and for a record that names no rank or host, the
+    file is part of the key.
 
     The key is the first 20 hex digits of the SHA-256 of ``job \\x1f who \\x1f when \\x1f
     line`` (``who``: ``l<local_rank>``, ``r<rank>``, ``h<host>`` or ``-``; ``when``: the
@@ -930,9 +931,13 @@ def _dedup_keys(df: pl.DataFrame) -> pl.Series:
         .otherwise(pl.lit("")),
         pl.lit("+00:00")])
     # a file with no time at all (print() logs): the same line in two such files is two events
-    # (a restarted run printing its save line again), not one seen twice
+    # (a restarted run printing its save line again), not one seen twice. Nor is an undated
+    # line of no rank in two files: copies (a tee'd console and the rank's own file) name
+    # their rank, and two files that name none are two runs ("Training completed." of each
+    # attempt of a job whose logs carry no job id)
     when = (pl.when((pl.col("ts_source") == "line") & ts.is_not_null()).then(iso)
             .when(pl.col("ts_source") == "mtime").then(pl.format("@{}", pl.col("source_id")))
+            .when(who == "-").then(pl.format("@{}", pl.col("source_id")))
             .otherwise(pl.lit("")))
     # one chunk per column first: over the multi-chunk columns a poll's concat gives, polars
     # 2.1 can panic in this when/then + concat_str ("assertion failed: i < self.len()")
