@@ -8,11 +8,13 @@ A rank's part of the save of step N is
   save), or implicitly when the rank logs progress (a metric line with a later step, or
   with no step at all, or a later ``save_start``) after the save started and before any
   failure of the job: a synchronous save must have returned before training went on,
-  but progress logged after a failure comes from a restarted process, which says nothing
-  of the save that was under way. Asynchronous saves (a start with ``attrs.async``) end only
-  at their own end line. When the trainer says training finished (``job_end``: HF Trainer's
-  "Training completed", Megatron's "exiting program after N minutes") before any failure,
-  every expected rank's part ends. Implicit ends are listed apart;
+  but progress logged after a failure, or after a load or resume (a new run: one killed
+  in the middle of a save may log no failure at all), comes from another process, which
+  says nothing of the save that was under way. Asynchronous saves (a start with
+  ``attrs.async``) end only at their own end line. When the trainer says training finished
+  (``job_end``: HF Trainer's "Training completed", Megatron's "exiting program after N
+  minutes") before any failure or restart, every expected rank's part ends. Implicit ends
+  are listed apart;
 * **failed** by a ``save_error`` event for step N, or by any failure whose traceback passes
   through save code (``attrs.during == "save"``: see the rule packs' ``frames``), which is
   also a start when no save line was printed: at the step the error's path names, else the
