@@ -57,10 +57,12 @@ note_injection() {  # note_injection JSON  (a fault injected by the script itsel
   echo "$1" >> provenance/injected_faults.jsonl
 }
 
-finish_scenario() {  # copies logs/, provenance/, expected.json to $FIX/$S
+finish_scenario() {  # copies logs/, provenance/, expected.json, mtimes.json to $FIX/$S
   date -u +%Y-%m-%dT%H:%M:%S.%3NZ > provenance/scenario_end_utc.txt
   rm -rf "${FIX:?}/$S"; mkdir -p "$FIX/$S"
-  cp -r logs provenance expected.json "$FIX/$S/"
+  # the logs' own mtimes date their undated lines: record them here, not the copy's
+  python -c "from pathlib import Path; from ckptwatch.groundtruth import record_mtimes; record_mtimes(Path('.'))"
+  cp -rp logs provenance expected.json mtimes.json "$FIX/$S/"
   [ -f README.provenance.md ] && cp README.provenance.md "$FIX/$S/provenance/README.md"
   du -sh "$FIX/$S" >&2
 }
