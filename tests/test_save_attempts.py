@@ -103,3 +103,39 @@ def test_a_save_into_another_folder_does_not_take_the_place_of_the_first_run_s(t
     (inc,) = diagnose([str(tmp_path)])[0]
     assert (inc.kind, inc.step) == ("load_failure", 40)
     assert inc.last_good_checkpoint == {"step": 30, "path": "ckpt/checkpoint-30"}  # not ckpt3's, not step 10
+
+
+def _files(tmp_path, name: str, **files: str):
+    folder = tmp_path / name
+    folder.mkdir()
+    for fname, text in files.items():
+        (folder / f"{fname}.log").write_text(text)
+    return sorted((i.kind, i.step, i.status) for i in diagnose([str(folder)])[0])
+
+
+KILL = "/var/spool/slurmd/job4242/slurm_script: line 9: 31337 Killed                  python train.py\n"
+
+
+def test_what_a_break_it_trial_tried_against_the_attempts(tmp_path):
+    """A second helper tried to make the attempt logic give false pages, or miss real ones."""
+    # a torn save, re-saved whole by the restarted run, then resumed: nothing poisoned, and
+    # the interrupted save is resolved (the job has that checkpoint whole again)
+    assert _files(tmp_path, "resaved", run1=_train(0, 0, 40, killed_at=40) + KILL,
+                  run2=_log(600, "Resuming from checkpoint ckpt/checkpoint-30") + _train(600.01, 30, 45),
+                  run3=_log(1200, "Resuming from checkpoint ckpt/checkpoint-40") + _train(1200.01, 40, 50)) == [
+        ("interrupted_save", 40, "resolved")]
+    # the process reads back what it just saved (an evaluation): it went on, the save returned
+    evaluated = _train(0, 0, 40).replace("Saved checkpoint ckpt/checkpoint-40\n", "Loading checkpoint from "
+                                         "ckpt/checkpoint-40 for evaluation\n")
+    assert "Saved checkpoint ckpt/checkpoint-40" not in evaluated
+    assert _files(tmp_path, "evaluated", train=evaluated + _log(50, "Resuming from checkpoint ckpt/checkpoint-40")
+                  + _train(50.01, 40, 45)) == []
+    # the same resume ten minutes later, in the same log: a new run loaded a save never seen to finish
+    assert _files(tmp_path, "appended", train=_train(0, 0, 40, killed_at=40) + _log(600, "Resuming from "
+                  "checkpoint ckpt/checkpoint-40") + _train(600.01, 40, 45)) == [("poisoned_resume", 40, "open")]
+    # two runs of a sweep in two files naming no job: one's resume does not cut the other's save off
+    sweep_a = _train(0, 0, 60, root="sweep/a")
+    sweep_b = _log(0.5, "Resuming from checkpoint sweep/b/checkpoint-20") + _train(0.51, 20, 30, root="sweep/b")
+    assert _files(tmp_path, "sweep", a=sweep_a, b=sweep_b,
+                  a2=_log(900, "Resuming from checkpoint sweep/a/checkpoint-40") + _train(900.01, 40, 45,
+                                                                                         root="sweep/a")) == []

@@ -271,12 +271,14 @@ class CheckpointRegistry:
 
     def verdict(self, key: CheckpointKey, at: dt.datetime) -> tuple[Incident | None, SaveFact | None]:
         """(the incident that marked ``key`` not-good, the save seen for it), either None, as
-        of ``at`` (UTC, the load's time). A checkpoint written again completely, after it was
-        marked bad and before ``at``, is good again."""
+        of ``at`` (UTC, the load's time). A checkpoint written again completely, by an attempt
+        begun after the bad one and before ``at`` (another job, or a restart of the same one), is
+        good again."""
         key = self.resolve(key)
         save = self.fact_at(key, at)
         bad = self.bad.get(key)
-        if bad is not None and save is not None and save.complete and save.job != bad.job and save.first_ts:
-            if bad.first_ts < save.first_ts < at:
+        if bad is not None and save is not None and save.complete and save.first_ts:
+            began = min((e.ts for e in bad.evidence if e.role == "save"), default=bad.first_ts)
+            if began < save.first_ts < at:
                 return None, save
         return bad, save

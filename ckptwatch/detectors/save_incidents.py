@@ -147,8 +147,9 @@ def evaluate(
                                  save_items, s.first_ts))
         elif watermark - s.first_ts >= dt.timedelta(seconds=windows.stall_after):
             out.append(_incident("stalled_save", state, s, None, [], last_good, save_items, s.first_ts))
-        if len(out) > n_before and complete_steps and complete_steps[-1] > step:
-            out[-1].status = "resolved"
+        again = any(x.step == step and x.complete and x.first_ts and x.first_ts > s.first_ts for x in saves.values())
+        if len(out) > n_before and ((complete_steps and complete_steps[-1] > step) or again):
+            out[-1].status = "resolved"  # a later save, or a later attempt of this step, completed
     return out
 
 

@@ -8,9 +8,9 @@ A rank's part of the save of step N is
   save), or implicitly when the rank logs progress (a metric line with a later step, or
   with no step at all, or a later ``save_start``) after the save started and before any
   failure of the job: a synchronous save must have returned before training went on,
-  but progress logged after a failure, or after a load or resume (a new run: one killed
-  in the middle of a save may log no failure at all), comes from another process, which
-  says nothing of the save that was under way. Asynchronous saves (a start with
+  but progress logged after a failure, or in a file after a resume of this step or an older
+  one (a new run: one killed in the middle of a save may log no failure at all), comes from
+  another process, which says nothing of the save that was under way. Asynchronous saves (a start with
   ``attrs.async``) end only at their own end line. When the trainer says training finished
   (``job_end``: HF Trainer's "Training completed", Megatron's "exiting program after N
   minutes") before any failure or restart, every expected rank's part ends. Implicit ends
@@ -39,6 +39,9 @@ from ckptwatch.detectors.events import FAILURE_KINDS, Ev
 from ckptwatch.detectors.jobstate import JobState, ev_key as _key
 
 _SAVE_KINDS = ("save_start", "save_end", "save_error")
+#: a load of the step just saved, in the saving file, this soon after the save began is the
+#: same process reading back what it wrote (an evaluation, a probe); later, a new run
+RELOAD_WINDOW = dt.timedelta(seconds=120)
 
 #: the step (and key) of a save that failed where no line of the job tells a step (a pasted
 #: traceback alone): reported with step None; below every other key, abandoned attempts' too
@@ -126,7 +129,7 @@ def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
     started_step: dict[int, tuple[tuple, int]] = {}  # rank -> (key, step) of its latest save line with a step
     open_save: dict[int, int] = {}  # rank -> the step of its latest started save not ended
     restarts: list[dt.datetime] = []  # deaths, loads and resumes: after one, a save of the same step is a new attempt
-    restart_evs: list[Ev] = []  # the same events: what a process logs after one says nothing of an earlier save
+    rewinds: list[Ev] = []  # loads and resumes of a known step: a run that went back to an older step
     abandoned: list[SaveState] = []  # earlier attempts of a step saved again after a restart
 
     def last_step(rank: int, key: tuple, *, anyone: bool) -> int | None:
@@ -150,7 +153,8 @@ def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
             failures.append(ev)
         if ev.kind in ("job_failed", "process_exit", "oom_kill", "job_signal", "resume", "load_start"):
             restarts.append(ev.ts)  # processes died, or a new run loaded a checkpoint
-            restart_evs.append(ev)
+            if ev.kind in ("resume", "load_start") and ev.step is not None:
+                rewinds.append(ev)
         if ev.kind not in _SAVE_KINDS and not during_save:
             continue
         rank = state.main_rank_of(ev)
@@ -210,13 +214,21 @@ def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
         if s.first_ts is None:
             continue
         failed_at = next((f for f in failures if f.ts >= s.first_ts), None)
-        # a run that loads a checkpoint after the save began is another process: its progress,
-        # its end of training and its saves end nothing of this one (a run killed mid-save
-        # logs no failure; the next run, resumed from an older step, goes past this one)
-        cut = next((e for e in restart_evs if e.ts > s.first_ts), None)
-        if cut is not None and (failed_at is None or _before(cut, failed_at)):
-            failed_at = cut
-        ended = next((e for e in ends if e.ts >= s.first_ts), None)
+        # a run that, after the save began, resumed from this step or an older one is another
+        # process: what its file logs after that (progress, end of training, saves) ends
+        # nothing of this save (a run killed mid-save may log no failure; the next one goes
+        # past the step again). Not so a load of this very step in the save's own file within
+        # RELOAD_WINDOW of its start (an evaluation, ckptwatch's probe after a save: the
+        # process reads what it wrote), a load of a later step, or a run in another file.
+        own_files = {e.source_id for e in s.started.values()}
+        back = [e for e in rewinds if e.ts > s.first_ts and e.step <= s.step
+                and not (e.step == s.step and e.source_id in own_files and e.ts - s.first_ts <= RELOAD_WINDOW)]
+
+        def own(end: Ev | None, back: list[Ev] = back) -> Ev | None:
+            """``end``, unless a run that went back to an older step logged it."""
+            return None if end is not None and any(r.source_id == end.source_id and _before(r, end)
+                                                   for r in back) else end
+        ended = own(next((e for e in ends if e.ts >= s.first_ts), None))
         is_async = any(e.attrs.get("async") for e in s.started.values())
         for rank in s.expected - set(s.finished):
             start_ev = s.started.get(rank)
@@ -225,6 +237,7 @@ def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
             if went_on is None and not is_async and rank in progress:
                 where = state.copies.get(start_ev.dedup_key, {}) if start_ev is not None else {}
                 went_on = progress[rank].first_after(start_ev, s.first_ts, s.step, where)
+            went_on = own(went_on)
             if went_on is None or (ended is not None and ended.ts < went_on.ts):
                 went_on = ended
             if went_on is not None and (failed_at is None or _before(went_on, failed_at)):
@@ -236,7 +249,7 @@ def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
             for rank in s.expected - s.done_ranks:
                 later = [x.started[rank] for x in saves.values() if x.step > s.step and rank in x.started
                          and x.started[rank].ts >= s.first_ts]
-                nxt = min(later, key=_key, default=None)
+                nxt = own(min(later, key=_key, default=None))
                 if nxt is not None and (failed_at is None or _before(nxt, failed_at)):
                     s.implicit[rank] = nxt
     return saves
