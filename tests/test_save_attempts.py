@@ -139,3 +139,24 @@ def test_what_a_break_it_trial_tried_against_the_attempts(tmp_path):
     assert _files(tmp_path, "sweep", a=sweep_a, b=sweep_b,
                   a2=_log(900, "Resuming from checkpoint sweep/a/checkpoint-40") + _train(900.01, 40, 45,
                                                                                          root="sweep/a")) == []
+
+
+def test_lightning_early_stopping_then_test_on_the_best_checkpoint_is_quiet(tmp_path):
+    """ModelCheckpoint(verbose=True) prints nothing after a save; with EarlyStopping no
+    "`Trainer.fit` stopped" follows either, so the last save was never ended and
+    ``trainer.test(ckpt_path="best")`` paged as a poisoned resume (the break-it trial). Its
+    "was not in top K" lines are progress past the save."""
+    at = "2026-12-04 01:0{m}:00,000 INFO "
+    (tmp_path / "fit.log").write_text(
+        at.format(m=1) + "Epoch 0, global step 100: 'val_loss' reached 0.91000 (best 0.91000), saving model to "
+        "'/ckpt/lit/epoch=0-step=100.ckpt' as top 1\n"
+        + at.format(m=2) + "Epoch 1, global step 200: 'val_loss' reached 0.62000 (best 0.62000), saving model to "
+        "'/ckpt/lit/epoch=1-step=200.ckpt' as top 1\n"
+        + at.format(m=3) + "Epoch 2, global step 300: 'val_loss' was not in top 1\n"
+        + at.format(m=4) + "Epoch 3, global step 400: 'val_loss' was not in top 1\n"
+        + at.format(m=4) + "Monitored metric val_loss did not improve in the last 2 records. Best score: 0.620. "
+        "Signaling Trainer to stop.\n"
+        + at.format(m=5) + "Restoring states from the checkpoint path at /ckpt/lit/epoch=1-step=200.ckpt\n"
+        + at.format(m=5) + "Loaded model weights from the checkpoint at /ckpt/lit/epoch=1-step=200.ckpt\n")
+    incidents, stats = diagnose([str(tmp_path)])
+    assert incidents == [] and stats.open_saves == []
