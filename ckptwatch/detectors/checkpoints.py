@@ -186,13 +186,6 @@ class CheckpointRegistry:
             for k in old:
                 del table[k]
             gone += len(old)
-        for k in list(self.earlier):
-            kept = [f for f in self.earlier[k] if k in self.saves and f.first_ts is not None and f.first_ts >= before]
-            gone += len(self.earlier[k]) - len(kept)
-            if kept:
-                self.earlier[k] = kept
-            else:
-                del self.earlier[k]
         for table in (self.saves, self.bad, self.verified):
             by_root: dict[str | None, list[CheckpointKey]] = {}
             for k in table:
@@ -203,8 +196,13 @@ class CheckpointRegistry:
                     for k in keys[: len(keys) - keep_per_root]:
                         del table[k]
                         gone += 1
-        for k in [k for k in self.earlier if k not in self.saves]:
-            gone += len(self.earlier.pop(k))
+        for k in list(self.earlier):  # attempts older than the horizon, or of a checkpoint let go
+            kept = [f for f in self.earlier[k] if k in self.saves and f.first_ts is not None and f.first_ts >= before]
+            gone += len(self.earlier[k]) - len(kept)
+            if kept:
+                self.earlier[k] = kept
+            else:
+                del self.earlier[k]
         return gone
 
     def to_dict(self) -> dict:

@@ -148,8 +148,8 @@ class Ev:
         # a traceback, or the chained part of one read as its own record ("During handling of
         # the above exception, another exception occurred:" ... "OSError: [Errno 28] ...")
         if pick.startswith(("Traceback", "Failures:", "Root Cause", "[", *_CHAINED)):
-            for x in reversed(lines):
-                if x.startswith(_CHAINED) and x is not lines[0]:
+            for x in reversed(lines[1:]):  # none fits: the first line stays
+                if x.startswith(_CHAINED):
                     continue  # the separator a chained exception's record ends with says nothing
                 if not x.startswith((" ", "\t")) or "exitcode" in x:
                     pick = x.strip()
