@@ -36,7 +36,9 @@ class PipelineOptions:
     rule packs (files or directories) loaded after the packaged ones; ``line_prefix``: the
     torchrun ``--log-line-prefix-template`` the consoles were written with
     (:func:`ckptwatch.ingest.prefix.compile_line_prefix`); ``poll_bytes``: bytes one batch
-    reads at most over all files (see :class:`~ckptwatch.ingest.watcher.SourceWatcher`).
+    reads at most over all files (see :class:`~ckptwatch.ingest.watcher.SourceWatcher`);
+    ``rule_scopes``: load only the packaged packs of these scopes
+    (:data:`ckptwatch.rules.engine.SCOPES`; None: every pack).
     """
 
     template: re.Pattern[str] | None = None
@@ -45,6 +47,7 @@ class PipelineOptions:
     line_prefix: str | None = None
     detector: DetectorConfig = field(default_factory=DetectorConfig)
     poll_bytes: int = DEFAULT_POLL_BYTES
+    rule_scopes: tuple[str, ...] | None = None
 
 
 #: event kinds that belong to one rank of a job: without a rank, blame and shard checks are blind
@@ -134,7 +137,7 @@ def _diagnose(paths: list[str], options: PipelineOptions, progress: Callable[[St
               conclude: bool) -> tuple[list[Incident], Stats, int]:
     """:func:`diagnose`'s one reading, concluding jobs or not; also returns how many events
     came after their job was concluded."""
-    rules = RuleSet.load(options.rule_files)
+    rules = RuleSet.load(options.rule_files, scopes=options.rule_scopes)
     watcher = SourceWatcher(list(paths), template=options.template, boot_time=options.boot_time,
                             line_prefix=options.line_prefix, archives=True, poll_bytes=options.poll_bytes)
     stats = watcher.stats

@@ -72,6 +72,9 @@ EVENT_KINDS = frozenset(
         "agent_signal",  # torchrun sends a signal to a worker while tearing the group down
         "job_signal",  # the job (launcher or a rank) got a signal from outside: scheduler, operator
         "cuda_oom",  # a rank ran out of GPU memory (torch.OutOfMemoryError)
+        "host_memory",  # host memory ran out inside a process (MemoryError, std::bad_alloc, ENOMEM)
+        "native_crash",  # a native crash: SIGSEGV, SIGBUS, Fatal Python error, an abort from C++
+        "exception",  # an uncaught exception raised by save or load code (a traceback through it)
         "oom_kill",
         "collective_timeout",
         "collective_error",

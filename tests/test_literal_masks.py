@@ -58,19 +58,22 @@ def test_literals_inside_each_other_and_non_ascii(literals, lines):
 
 
 def test_a_rule_only_sees_the_lines_that_hold_its_literal(tmp_path):
-    """A rule whose pattern would match a line without its literal (case-insensitive here)
-    is not run on it: the literal is the rule's gate, as the rule file says."""
+    """A rule whose pattern would match a line without its literal is not run on it: the
+    literal is the rule's gate, as the rule file says; a case-insensitive pattern's literal
+    is found in any case (``beta`` for ``BETA``), a case-sensitive one's only as written."""
     from ckptwatch.schema import RECORD_SCHEMA
 
     (tmp_path / "p.yaml").write_text(
         "family: demo\ndescription: demo\nrules:\n"
         "  - id: demo.alpha\n    event: process_exit\n    prefilter: alpha\n"
-        "    pattern: 'alpha (?P<exitcode>\\d+)'\n    examples:\n      match:\n        - line: alpha 3\n"
+        "    pattern: '(?:ALPHA|alpha) (?P<exitcode>\\d+)'\n    examples:\n      match:\n        - line: alpha 3\n"
         "  - id: demo.beta\n    event: process_exit\n    prefilter: BETA\n"
         "    pattern: '(?i)beta (?P<exitcode>\\d+)'\n    examples:\n      match:\n        - line: BETA 4\n")
     rules = RuleSet.load([str(tmp_path / "p.yaml")], packaged=False)
     row = {c: None for c in RECORD_SCHEMA}
     records = pl.DataFrame([dict(row, line=text, source_kind="worker", source_id="s", offset=i)
-                            for i, text in enumerate(["alpha? beta 7", "BETA 4", "alpha 3"])], schema=RECORD_SCHEMA)
+                            for i, text in enumerate(["alpha? beta 7", "BETA 4", "alpha 3", "ALPHA 5"])],
+                           schema=RECORD_SCHEMA)
     events = rules.apply(records)
-    assert list(zip(events["rule_id"], events["offset"], strict=True)) == [("demo.beta", 1), ("demo.alpha", 2)]
+    assert list(zip(events["rule_id"], events["offset"], strict=True)) == [
+        ("demo.beta", 0), ("demo.beta", 1), ("demo.alpha", 2)]

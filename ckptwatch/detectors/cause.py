@@ -11,6 +11,9 @@ then sends SIGTERM to the rest of the group. Attribution, in order:
        processes; a SIGKILL death with OOM evidence for the same pid is this class;
    ``cuda_oom``
        a rank ran out of GPU memory (``torch.OutOfMemoryError``);
+   ``host_memory``
+       a process ran out of host memory without the OOM killer (``MemoryError``,
+       ``std::bad_alloc``, ``Cannot allocate memory``);
    ``gpu_xid``
        an NVIDIA Xid on a host of the job;
    ``storage_error``
@@ -22,7 +25,14 @@ then sends SIGTERM to the rest of the group. Attribution, in order:
        time limit or preemption, scancel, an eviction, torchrun's "death signal",
        Lightning's SIGTERM notice; ``sender`` says who when the line does), or a rank died
        by a signal its launcher did not send (torchrun, a shell's "Killed", srun,
-       mpirun, DeepSpeed's launcher).
+       mpirun, DeepSpeed's launcher);
+   ``native_crash``
+       a segmentation fault, bus error, ``Fatal Python error`` or an abort from C++ code
+       (``terminate called after throwing``);
+   ``exception``
+       the save (or load) code raised an exception of its own that none of the above
+       explains (a traceback through save code; ``unknown`` when the paste cuts it off
+       before its exception line).
 
    A signal a rank died of *after* it had itself reported a collective timeout (the NCCL
    watchdog aborts with SIGABRT) is a consequence, not a cause; so is a death by a signal
@@ -59,7 +69,8 @@ from ckptwatch.detectors.events import Ev
 from ckptwatch.detectors.incident import RootCause
 from ckptwatch.detectors.jobstate import JobState
 
-_HARD_ORDER = {"oom_kill": 0, "cuda_oom": 1, "gpu_xid": 2, "storage_error": 3, "node_lost": 4, "signal": 5}
+_HARD_ORDER = {"oom_kill": 0, "cuda_oom": 1, "host_memory": 2, "gpu_xid": 3, "storage_error": 4, "node_lost": 5,
+               "native_crash": 6, "signal": 7, "exception": 8, "unknown": 9}
 #: how far apart (seconds) two reports of one hard failure may be (a kernel line and srun's report)
 _SAME_FAILURE_S = 300.0
 #: who sent a job-wide signal, in words
@@ -134,8 +145,11 @@ def attribute(failures: list[Ev], state: JobState, expected: set[int],
         rank = state.rank_of(e)
         if e.kind == "oom_kill":
             hard.append((e.ts, _HARD_ORDER["oom_kill"], e, "oom_kill", rank, "SIGKILL"))
-        elif e.kind in ("cuda_oom", "gpu_xid", "storage_error", "node_lost"):
-            hard.append((e.ts, _HARD_ORDER[e.kind], e, e.kind, rank, None))
+        elif e.kind in ("cuda_oom", "gpu_xid", "storage_error", "node_lost", "host_memory", "native_crash"):
+            hard.append((e.ts, _HARD_ORDER[e.kind], e, e.kind, rank, e.attrs.get("signal") or None))
+        elif e.kind == "exception":  # a traceback through save / load code; cut before its last line: unknown
+            cls = "unknown" if e.attrs.get("cut") else "exception"
+            hard.append((e.ts, _HARD_ORDER[cls], e, cls, rank, None))
         elif e.kind == "job_signal":
             if first_other is not None and first_other.ts < e.ts:
                 continue  # the job was already failing: a cancellation now is its teardown, not its cause
@@ -301,6 +315,15 @@ def _hard_note(cls: str, sig: str | None, sender: str | None, ev: Ev) -> str:
         return "the OOM killer killed this rank's process (SIGKILL)"
     if cls == "cuda_oom":
         return "the rank ran out of GPU memory (torch.OutOfMemoryError)"
+    if cls == "host_memory":
+        return "the process ran out of host memory (an allocation failed; no OOM killer line)"
+    if cls == "native_crash":
+        return f"the process crashed in native code{f' ({sig})' if sig else ''}"
+    if cls == "exception":
+        exc = ev.attrs.get("exception")
+        return f"the save code raised {exc}" if exc else "the save code raised an exception"
+    if cls == "unknown" and ev.kind == "exception":
+        return "the traceback is cut off before its exception line: what the save code raised is not in the paste"
     return ""
 
 

@@ -13,7 +13,8 @@ import polars as pl
 #: Kinds that are evidence of something going wrong (candidates for root cause or collateral).
 FAILURE_KINDS = frozenset(
     {"process_exit", "agent_signal", "oom_kill", "collective_timeout", "collective_error", "storage_error",
-     "gpu_xid", "node_lost", "job_failed", "save_error", "job_signal", "cuda_oom"}
+     "gpu_xid", "node_lost", "job_failed", "save_error", "job_signal", "cuda_oom", "host_memory", "native_crash",
+     "exception"}
 )
 #: Kinds of a job loading a checkpoint: what the resume detectors read.
 LOAD_KINDS = frozenset({"load_start", "resume", "load_end"})

@@ -101,6 +101,13 @@ def cause_phrase(cls: str | None, rank: int | None = None, host: str | None = No
         return f"a GPU Xid error{on}"
     if cls == "save_error":
         return f"a save error{on}"
+    if cls == "host_memory":
+        return f"host memory running out{on}"
+    if cls == "native_crash":
+        return f"a native crash{' (' + signal + ')' if signal else ''}{on}"
+    if cls == "exception":
+        exc = re.match(r"\s*([A-Za-z_][\w.]*)", (line or "").strip().splitlines()[-1] if line else "")
+        return f"{exc.group(1) if exc else 'an exception'} raised by the save code{on}"
     return f"a failure not named in the logs read{on}"
 
 

@@ -55,6 +55,17 @@ def _cause_advice(root: RootCause | None) -> str:
     if root.cls == "storage_error":
         return (f"The storage under the checkpoint failed ({root.line}). Fix it (free space, quota, "
                 "remount NFS, retry the upload) before the next save.")
+    if root.cls == "host_memory":
+        return (f"{who}{pid}{host} ran out of host memory during the save: gather or stage the state dict with "
+                "bounded buffers (shard it, save per rank, offload in pieces), lower other host-memory use, or give "
+                "the job more memory before relaunching.")
+    if root.cls == "native_crash":
+        return (f"{who}{pid}{host} crashed in native code during the save: look at the crash's frames (a core "
+                "dump, faulthandler's stack), the library versions of the writer, and the storage it wrote to; "
+                "relaunch from the last good checkpoint.")
+    if root.cls == "exception":
+        return (f"The save code raised an error of its own ({root.line}): fix what it names (an object the "
+                "serializer cannot write, a wrong argument or path) before the next save.")
     if root.cls == "gpu_xid":
         return f"A GPU error (NVIDIA Xid){host} killed the save: drain the node and run GPU diagnostics."
     if root.cls == "node_lost":

@@ -3,7 +3,9 @@
 A rank's part of the save of step N is
 
 * **started** by a ``save_start`` event for step N. A save line without a step (torchtitan,
-  torchtune, "Saving checkpoint...") is the save of the rank's last logged step;
+  torchtune, "Saving checkpoint...") is the save of the rank's last logged step; in a log
+  that shows no step at all (a pasted console), a save of a step not shown (reported with
+  step None), each such line a save of its own;
 * **finished** by a ``save_end`` event for step N (one without a step ends the rank's open
   save), or implicitly when the rank logs progress (a metric line with a later step, or
   with no step at all, or a later ``save_start``) after the save started and before any
@@ -164,13 +166,17 @@ def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
                 step = last_step(rank, _key(ev), anyone=True)
             else:
                 step = open_save.get(rank, last_step(rank, _key(ev), anyone=True))
-        if step is None and (progress or started_step or ev.kind != "save_error" and not during_save):
+        if step is None and (progress or started_step or ev.kind == "save_end"):
             continue  # a step is logged, just not before this line: not a save of its own
         if step is None:
-            step = UNKNOWN_STEP  # an error in save code, and no step anywhere: still a failed save
+            # no step anywhere (a pasted console, a traceback): a save all the same, of a step not shown
+            step = UNKNOWN_STEP
         if ev.kind == "save_start" and ev.step is not None:
             started_step[rank] = (_key(ev), ev.step)
         s = saves.setdefault(step, SaveState(step=step))
+        if ev.kind == "save_start" and step == UNKNOWN_STEP and rank in s.finished and rank not in s.failed:
+            abandoned.append(s)  # saves of no known step, one after another: each is a save of its own
+            s = saves[step] = SaveState(step=step)
         if ev.kind == "save_start" and rank in s.started and rank not in s.failed:
             since = s.started[rank].ts
             # the job died or a new run loaded a checkpoint: a new attempt (one that finished

@@ -22,7 +22,8 @@ from ckptwatch.history.read import has_table
 
 #: event kinds that end a rank's part in a save when no save_end came
 ENDING = frozenset({"process_exit", "oom_kill", "cuda_oom", "collective_timeout", "collective_error", "node_lost",
-                    "storage_error", "save_error", "job_signal", "agent_signal", "gpu_xid"})
+                    "storage_error", "save_error", "job_signal", "agent_signal", "gpu_xid", "host_memory",
+                    "native_crash", "exception"})
 #: kinds drawn on a timeline (the rest, e.g. world_size, only set lanes and the window)
 DRAWN = ENDING | {"save_start", "save_end", "load_start", "load_end", "load_error", "job_failed", "job_end", "resume",
                   "integrity"}

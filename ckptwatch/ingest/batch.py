@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import polars as pl
 
 from ckptwatch.frames import detached
-from ckptwatch.ingest import multiline, prefix, timestamps
+from ckptwatch.ingest import multiline, prefix, timestamps, tracebacks
 from ckptwatch.schema import RECORD_SCHEMA, TS
 
 if TYPE_CHECKING:
@@ -154,6 +154,7 @@ def _split(reads: Sequence[Read]) -> pl.DataFrame:
             _sniff(reads[i].tail, reads[i].texts(), candidates=i in labelled)
     if raw.is_empty():
         return raw.with_columns(stream_key=pl.lit(None, dtype=pl.Utf8))
+    _learn_outer(reads, raw)
     raw = multiline.unwrap(raw, by="_t")
     # a file whose agent runs a node whose local ranks are not the global ones: a lone
     # ``[rankN]:`` prefix is ``--tee`` with ``--role rank``, a local rank
@@ -172,9 +173,30 @@ def _split(reads: Sequence[Read]) -> pl.DataFrame:
         split = pl.concat(parts).sort("_t", "offset", maintain_order=True)
     for i in _files_with(raw, "_ranks="):  # local_ranks= and global_ranks= (a poll may end between them)
         reads[i].tail.learn_rank_map(split.filter(pl.col("_t") == i))
+    split = tracebacks.normalize(split, by="_t")  # IPython, Colab and Rich tracebacks in CPython's shape
     sids = pl.Series([r.tail.source_id for r in reads], dtype=pl.Utf8)
     return split.with_columns(
         pl.concat_str([pl.lit(sids).gather(pl.col("_t")), pl.lit(":"), pl.col("prefix_stream")]).alias("stream_key"))
+
+
+#: a traceback's header, a frame or a rank label behind something else on its line
+_WRAPPED_ANCHOR = r'\S[^\n]*?(?:Traceback \(most recent call last\)|\sFile "[^"\n]+", line \d|\[(?:rank|default|trainer)\d+\]:)'
+
+
+def _learn_outer(reads: Sequence[Read], raw: pl.DataFrame) -> None:
+    """Learn the wrappers nobody registered (:func:`prefix.learn_outer`) of the files whose
+    new lines show a traceback or a rank label behind something else, once per file."""
+    # a file labelled by a registered launcher (pdsh, srun, a template) is read by its labels
+    want = [i for i, r in enumerate(reads) if r.count and r.tail.layout is not None and not r.tail.layout.outer
+            and not prefix.labelled(r.tail.layout) and not r.tail.layout.template]
+    if not want:
+        return
+    cand = raw.filter(pl.col("_t").is_in(want))
+    for i in _files_with(cand.filter(pl.col("line").str.contains_any(["Traceback", 'File "', "]:"])),
+                         _WRAPPED_ANCHOR, literal=False):
+        learned = prefix.learn_outer(_listed(reads[i].texts()))
+        if learned:
+            reads[i].tail.layout = dataclasses.replace(reads[i].tail.layout, outer=learned)
 
 
 def _files_with(frame: pl.DataFrame, pattern: str, *, literal: bool = True) -> set[int]:
@@ -295,7 +317,17 @@ def _dated(records: pl.DataFrame, held: pl.DataFrame, *, carry: dict[str, dt.dat
     poll (each stream's last record) take part as context only: a record of a stream that
     prints no time is dated by the file's previous time, and that may be a held line's (an
     ``srun --label`` console: ``srun: error: task 5: Killed`` after the ranks' last, held,
-    lines; without them it took a time 8 s older, as no single read of the file would)."""
+    lines; without them it took a time 8 s older, as no single read of the file would). A
+    wrapper learned from the file (:attr:`prefix.PrefixLayout.outer`: a container runtime's
+    time) dates the record as if it were still in front of the line."""
+    if "prefix_outer" in records.columns and records["prefix_outer"].is_not_null().any():
+        records = records.with_columns(
+            pl.concat_str([pl.col("prefix_outer").fill_null(""), pl.col("line")]).alias("_time_text"))
+        if "prefix_outer" in held.columns and "line" in held.columns:
+            held = held.with_columns(pl.concat_str([pl.col("prefix_outer").fill_null(""), pl.col("line")]).alias("line"))
+        out = _dated(records.drop("prefix_outer").rename({"line": "_line", "_time_text": "line"}), held, carry=carry,
+                     boot_time=boot_time, now=now)
+        return out.drop("line").rename({"_line": "line"})
     if held.is_empty() or "offset" not in held.columns:
         return timestamps.add_event_time(records, carry=carry, boot_time=boot_time, now=now, mtime_col="_mtime",
                                          file_col="_t", file_carry_col="_fcarry")

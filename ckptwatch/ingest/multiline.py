@@ -47,13 +47,27 @@ _OWN_INDENTED = (r"^\s+(?:successfully (?:saved|loaded) checkpoint|scheduled an 
                  r"|iteration\s+\d+/\s*\d+ \||\[\d{4}-\d{2}-\d{2}[ T]\d)")  # a dated line is never a continuation
 
 
-def continues_previous(line: pl.Expr, prev: pl.Expr) -> pl.Expr:
-    """Boolean expression: ``line`` belongs to the record that ``prev`` is in."""
+#: a frame line that lost its indentation (a paste outside a code block: markdown strips it)
+_BARE_FRAME = r'^File "[^"\n]+", line \d+'
+
+
+def continues_previous(line: pl.Expr, prev: pl.Expr, prev2: pl.Expr | None = None) -> pl.Expr:
+    """Boolean expression: ``line`` belongs to the record that ``prev`` is in (``prev2``:
+    the line before that, for tracebacks that lost their indentation)."""
     indented = line.str.contains(r"^[ \t]") & ~line.str.contains(_OWN_INDENTED)
+    bare = pl.lit(False)
+    if prev2 is not None:  # File "…", line N / code / File … / code / Exception: all at column 0
+        prev_frame = prev.str.contains(_BARE_FRAME).fill_null(False)
+        prev2_frame = prev2.str.contains(_BARE_FRAME).fill_null(False)
+        after_header = prev.str.contains(r"^Traceback \(most recent call last\)").fill_null(False)
+        bare = ((line.str.contains(_BARE_FRAME) & (after_header | prev_frame | prev2_frame))
+                | (prev_frame & ~line.str.contains(_BARE_FRAME))
+                | (prev2_frame & line.str.contains(_EXC_LINE)))
     prev_indented = prev.str.contains(r"^[ \t]|^Traceback \(most recent call last\)").fill_null(False)
     prev_chain = prev.str.contains(r"^(?:During handling of the above|The above exception was)").fill_null(False)
     return (
         indented
+        | bare
         | line.str.starts_with("Traceback (most recent call last): (RANK")
         | (prev_chain & line.str.starts_with("Traceback (most recent call last)"))
         | line.str.starts_with("During handling of the above exception")
@@ -153,8 +167,9 @@ def group_lines(lines: pl.DataFrame, *, final: bool, flush_col: str | None = Non
     prev = line.shift(1).over("stream_key")
     nxt = line.shift(-1).over("stream_key")
     # one line of another writer inside a traceback: its own record; the traceback goes on past it
+    prev2 = line.shift(2).over("stream_key")
     intruder = (
-        ~continues_previous(line, prev)
+        ~continues_previous(line, prev, prev2)
         & ~line.str.starts_with("Traceback (most recent call last)")  # a traceback's own header never intrudes
         & prev.str.contains(r"^[ \t]").fill_null(False)
         & (nxt.str.contains(_FRAME) | (nxt.str.contains(r"^[ \t]") & prev.str.contains(_FRAME))).fill_null(False)
@@ -164,7 +179,8 @@ def group_lines(lines: pl.DataFrame, *, final: bool, flush_col: str | None = Non
     lines = lines.with_columns((intruder if indented else pl.lit(False)).alias("_intruder"))
     kept = lines.filter(~pl.col("_intruder"))
     kept = kept.with_columns(
-        (~continues_previous(line, line.shift(1).over("stream_key"))).cast(pl.Int32).cum_sum().over("stream_key")
+        (~continues_previous(line, line.shift(1).over("stream_key"), line.shift(2).over("stream_key")))
+        .cast(pl.Int32).cum_sum().over("stream_key")
         .alias("_gid")
     )
     intruders = lines.filter(pl.col("_intruder")).with_columns(

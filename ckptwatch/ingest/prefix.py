@@ -102,6 +102,9 @@ class PrefixLayout:
     host_rank_prefix: bool = False
     task_is_launcher: bool = False  # srun started one torchrun per node: the task is a node, not a rank
     template: str | None = None
+    #: prefixes nobody registered, learned from the file's own tracebacks (:func:`learn_outer`):
+    #: anchored regexes, removed first; what they removed is kept for the line's time
+    outer: tuple[str, ...] = ()
 
 
 _MACROS = {"role_name": r"(?P<role>[A-Za-z_][A-Za-z_-]*?)", "local_rank": r"(?P<local_rank>\d+)",
@@ -131,6 +134,80 @@ def compile_line_prefix(template: str) -> str:
         raise LinePrefixError(f"line prefix template {template!r}: no macro (${{rank}}, ${{local_rank}}, ...)")
     out.append(re.escape(template[pos:]))
     return "".join(out)
+
+
+#: where a message starts that is known whatever wraps it: a traceback's header, a frame line
+#: (CPython's traceback.print_exception), a torchrun / c10d rank label
+_ANCHOR = re.compile(r'Traceback \(most recent call last\)|(?<=\S)(?:\s{1,8})File "[^"\n]+", line \d+'
+                     r'|(?<=\S)\[(?:rank|default|trainer)\d+\]:')
+#: known labels a prefix may end with (read by :func:`split_prefixes` once the outer part is gone)
+_KNOWN_TAIL = re.compile("|".join(f"(?:{re.sub(r'[(][?]P<[a-z_]+>', '(?:', x[1:])})" for x in (
+    TEE_RE, RANK_RE, BARE_RANK_RE, HOST_TASK_RE, OMPI_RE, RAY_RE, KUBECTL_RE, ROLE_PAIR_RE, TASK_PREFIX_RE,
+    HOST_RANK_RE)))
+#: what an outer prefix must not be: an exception's name, a logger's level, a frame, a quote
+_NOT_OUTER = re.compile(r"(?:Error|Exception|Warning|Traceback|File|raise|assert|return|:\s*\w+)\W*$|^\s*$|^[>#|*\-\s]+$"
+                        r"|^\s*[{\"']")
+#: the start of a paste cut inside a label: ``rank0]:``, ``efault1]:`` (the ``[`` and part of the word lost)
+_CUT_LABEL = r"^[A-Za-z_]{0,12}\d{1,6}\]: ?"
+#: lines of a file the outer prefixes are learned from, and lines one must wrap to be believed
+LEARN_LINES, MIN_SUPPORT = 4000, 3
+
+
+def _shape(text: str) -> str:
+    """An anchored regex (Rust and Python syntax alike) for prefixes shaped like ``text``:
+    its digits any number, its other characters as they are (a host name, a job-runner's
+    words, a container's stream), then the one space that separates it from the message."""
+    out = []
+    for part in re.split(r"(\d+)", text):
+        if part.isdigit():
+            out.append(r"\d+")
+        else:
+            out.append(re.sub(r"([\\.^$|?*+()\[\]{}])", r"\\\1", part))
+    return "^" + "".join(out) + " ?"
+
+
+def _without_known_labels(pre: str) -> str:
+    """``pre`` less the labels :func:`split_prefixes` reads itself at its end (``0: [rank0]:``:
+    srun's, then the excepthook's), right to left."""
+    while pre:
+        tail = next((j for j in range(len(pre)) if (j == 0 or pre[j - 1] in " \t]:|)")
+                     and (_KNOWN_TAIL.fullmatch(pre[j:] + " ") or _KNOWN_TAIL.fullmatch(pre[j:]))), None)
+        if tail is None:
+            return pre
+        pre = pre[:tail].rstrip()
+    return pre
+
+
+def learn_outer(lines: list[str]) -> tuple[str, ...]:
+    """Prefixes nobody registered, from a file's own lines: where a traceback's header, a
+    frame line or a rank label (:data:`_ANCHOR`) does not start its line, what comes before
+    it is a wrapper (a CI runner's ``9-task-1-0/0 ``, ``srun --output``'s ``host:0 out: ``,
+    a container runtime's ``<time> stdout F ``, Docker Compose's ``trainer_1  | ``). The part
+    up to a label :func:`split_prefixes` knows (``[default0]:``) is cut off that label; its
+    shape (:func:`_shape`: digits generalized) is kept when at least :data:`MIN_SUPPORT`
+    lines of the file start with it. A first line cut inside a label (``rank0]:``) is one too.
+    Returns anchored regexes, most lines first; empty when nothing is learned."""
+    sample = lines[:LEARN_LINES]
+    shapes: dict[str, int] = {}
+    for ln in sample:
+        m = _ANCHOR.search(ln)
+        if m is None or m.start() == 0:
+            continue
+        outer = _without_known_labels(ln[:m.start()].rstrip())
+        if not outer or len(outer) > 96 or _NOT_OUTER.search(outer):
+            continue
+        shapes.setdefault(_shape(outer), 0)
+    if not shapes:
+        return (_CUT_LABEL,) if sample and re.match(_CUT_LABEL, sample[0]) else ()
+    compiled = {s: re.compile(s) for s in shapes}
+    for ln in sample:
+        for s, rx in compiled.items():
+            if rx.match(ln):
+                shapes[s] += 1
+    kept = sorted((s for s, n in shapes.items() if n >= MIN_SUPPORT), key=lambda s: (-shapes[s], s))
+    if sample and re.match(_CUT_LABEL, sample[0]) and not any(compiled[s].match(sample[0]) for s in kept):
+        kept.append(_CUT_LABEL)
+    return tuple(kept)
 
 
 def sniff(lines: list[str], *, min_share: float = 0.8) -> PrefixLayout:
@@ -229,6 +306,11 @@ def split_prefixes(df: pl.DataFrame, text_col: str = "line", *, layout: PrefixLa
     task of a launcher, whose rendezvous result maps local ranks), and strip the prefixes from ``text_col`` (see
     the module docstring for the order and semantics)."""
     line = pl.col(text_col)
+    if layout.outer:  # wrappers nobody registered, learned from the file: off first, kept for the time
+        rx = "|".join(f"(?:{o})" for o in layout.outer)
+        df = df.with_columns(line.str.extract(f"({rx})", 1).alias("prefix_outer"), line.str.replace(rx, ""))
+    else:
+        df = df.with_columns(pl.lit(None, dtype=pl.Utf8).alias("prefix_outer"))
     df = df.with_columns(line.str.extract(KUBECTL_RE, 1).alias("_k_host"), line.str.replace(KUBECTL_RE, ""))
     is_json = line.str.starts_with("{") & line.str.ends_with("}")
     if not df.select(is_json.any()).item():  # no JSON line in the batch (most files): no JSON paths to read

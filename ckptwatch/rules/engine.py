@@ -12,6 +12,8 @@ A rule pack is a YAML file::
         sources: [console]                # optional: source kinds (console, worker, log)
         attrs: {reporter: agent}          # optional: static attributes added to the event
         path_format: "{path}/iter_{step:07d}"  # optional: rewrite the captured path
+        during: save                      # optional: only tracebacks through save (or load) code
+        unless: "KeyboardInterrupt"       # optional: records this also matches go to later rules
         examples:
           match:                          # each must match; "expect" checks captured groups
             - line: "E1130 ... failed (exitcode: -9) local_rank: 2 (pid: 5879) of binary: ..."
@@ -44,8 +46,9 @@ counts at most 1,000 (10,000 nested), and it has no nested unbounded repetition 
 backtrack catastrophically (:func:`pattern_cost_problem`). The packaged packs skip the two
 costly checks when a run loads them; ``ckptwatch rules check`` runs everything on them.
 
-Matching is vectorized: per rule, a literal ``str.contains`` prefilter over the batch,
-then the regex over the survivors only. Rules are tried in load order (pack files in
+Matching is vectorized: per rule, a literal ``str.contains`` prefilter over the batch
+(found in any case when the pattern starts with ``(?i)``), then the regex over the
+survivors only. Rules are tried in load order (pack files in
 name order, rules in file order) and a record yields at most one event: the first rule
 that matches it. So ``(source_id, offset)`` identifies an event.
 """
@@ -107,6 +110,7 @@ class Rule:
     disable: bool = False  # a user's rule that removes the packaged rule of the same id
     source: str = ""  # the framework file and function the wording was read from
     during: str | None = None  # only records that are tracebacks through this code (save / load)
+    unless: str | None = None  # a pattern: records it matches are left to later rules
 
 
 @dataclass(frozen=True)
@@ -114,19 +118,56 @@ class Frame:
     """A traceback frame of save or load code (a pack's ``frames:`` list). An event whose
     record is a traceback through such a frame gets ``attrs["during"] = during``
     (``save`` or ``load``): the detectors then know a save (or load) failed even when the
-    trainer printed no save line. ``pattern`` is matched against the whole record."""
+    trainer printed no save line. ``pattern`` is matched against the whole record.
+
+    An ``innermost`` frame (the generic layer's vocabulary of any package's code) is
+    matched against one frame line at a time (:data:`FRAME_LINE`: a Python frame's
+    ``File "…", line N, in func``, a C++ ``frame #N: …``, a Lua ``file.lua:N: in function
+    …``), in pack order, first match wins per line; ``during`` may also be ``other`` (code
+    that is neither: activation checkpointing, evaluation, data loading) or ``ignore``
+    (library internals that say nothing, skipped). A traceback that no frame of a pack
+    names is read by the innermost line some innermost frame classifies: save, load, or
+    (``other``) neither."""
 
     during: str
     prefilter: str
     pattern: str
     file: str
     source: str = ""
+    innermost: bool = False
 
 
-def packaged_rule_files() -> list[str]:
-    """Paths of the rule packs shipped inside the package, in load order."""
+#: one frame line of a traceback: Python's (CPython traceback.py ``  File "{}", line {}, in {}``),
+#: c10's native backtrace (``frame #3: caffe2::serialize::PyTorchStreamWriter::…``) and Lua's
+#: (``…/torch/File.lua:210: in function 'writeObject'``)
+FRAME_LINE = (r'(?m)^[ \t]*File "[^"\n]*", line \d+, in [^\n]+|^frame #\d+: [^\n]+'
+              r'|^[ \t]*[^\s:]+\.lua:\d+: in [^\n]+')
+
+
+#: What a pack is about (its top-level ``scope:``; ``framework`` when absent): a trainer or
+#: framework's own wordings, the system under every stack (launchers, schedulers, kernel,
+#: storage, NCCL), or the generic layer that any stack falls back to.
+SCOPES = ("framework", "system", "generic")
+_SCOPE_LINE = re.compile(r"^scope:\s*(\w+)\s*$", re.M)
+
+
+def pack_scope(path: str) -> str:
+    """The ``scope:`` of a pack file (see :data:`SCOPES`), read without parsing the YAML."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        m = _SCOPE_LINE.search(f.read(4096))
+    return m.group(1) if m and m.group(1) in SCOPES else "framework"
+
+
+def packaged_rule_files(scopes: Iterable[str] | None = None) -> list[str]:
+    """Paths of the rule packs shipped inside the package, in load order; only those whose
+    :func:`pack_scope` is in ``scopes`` when given (``("system", "generic")``: every
+    framework pack turned off, as the accuracy benchmark's "generic only" column runs)."""
     pack_dir = resources.files("ckptwatch.rules") / "packs"
-    return sorted(str(p) for p in pack_dir.iterdir() if p.name.endswith((".yaml", ".yml")))
+    files = sorted(str(p) for p in pack_dir.iterdir() if p.name.endswith((".yaml", ".yml")))
+    if scopes is None:
+        return files
+    keep = set(scopes)
+    return [f for f in files if pack_scope(f) in keep]
 
 
 # -- limits of what a rule pack may hold (checked at load, so nothing fails at match time) ---
@@ -518,7 +559,7 @@ def _parse_rule(raw: Any, file: str, index: int, *, trusted: bool = False) -> Ru
         raise RuleError(file, rid, "missing or empty 'event' (a string)")
     _check_pattern(raw, file, rid, cost=not trusted)
     unknown = set(raw) - {"id", "event", "pattern", "prefilter", "sources", "attrs", "path_format", "examples",
-                          "description", "source", "during"}
+                          "description", "source", "during", "unless"}
     if unknown:
         raise RuleError(file, rid, f"unknown field(s) {sorted(_name(k) for k in unknown)}")
     if raw["event"] not in EVENT_KINDS:
@@ -528,12 +569,20 @@ def _parse_rule(raw: Any, file: str, index: int, *, trusted: bool = False) -> Ru
         raise RuleError(file, rid, f"'sources' must be a list drawn from {sorted(_SOURCE_KINDS)}")
     attrs = _check_mapping({} if raw.get("attrs") is None else raw["attrs"], "attrs", file, rid, null_ok=False,
                            what="strings, numbers or booleans")
-    if raw.get("during") not in (None, "save", "load"):
-        raise RuleError(file, rid, "'during' must be save or load (the rule then matches only tracebacks through that code)")
+    if raw.get("during") not in (None, "save", "load", "neither"):
+        raise RuleError(file, rid, "'during' must be save or load (the rule then matches only tracebacks through that "
+                                   "code), or neither (tracebacks through code no frame vocabulary knows)")
     if not isinstance(raw.get("source", ""), str):
         raise RuleError(file, rid, "'source' must be a string (the framework file and function the line comes from)")
     if not isinstance(raw.get("description", ""), str):
         raise RuleError(file, rid, f"'description' must be a string (it is {_kind(raw['description'])})")
+    unless = raw.get("unless")
+    if unless is not None:
+        if not isinstance(unless, str) or not unless or len(unless) > MAX_PATTERN_CHARS:
+            raise RuleError(file, rid, f"'unless' must be a pattern of at most {MAX_PATTERN_CHARS} characters")
+        problem = None if trusted else pattern_cost_problem(unless)
+        if problem:
+            raise RuleError(file, rid, f"'unless': {problem}")
     path_format = _check_path_format(raw.get("path_format"), file, rid)
     matches, no_matches = _parse_examples(raw.get("examples"), file, rid)
     if not matches:
@@ -542,7 +591,7 @@ def _parse_rule(raw: Any, file: str, index: int, *, trusted: bool = False) -> Ru
         id=rid, event=raw["event"], pattern=raw["pattern"], prefilter=raw["prefilter"], file=file,
         sources=tuple(sources), attrs=attrs, path_format=path_format,
         match_examples=tuple(matches), no_match_examples=tuple(no_matches), source=raw.get("source", ""),
-        during=raw.get("during"),
+        during=raw.get("during"), unless=unless,
     )
 
 
@@ -612,17 +661,22 @@ def _parse_frames(doc: dict, path: str, *, trusted: bool = False) -> list[Frame]
     out = []
     for i, f in enumerate(raw):
         where = f"frame #{i + 1}"
-        if not isinstance(f, dict) or f.get("during") not in ("save", "load"):
-            raise RuleError(path, where, "a frame is a mapping with 'during' (save or load), 'prefilter', 'pattern'")
-        unknown = set(f) - {"during", "prefilter", "pattern", "source", "description"}
+        innermost = isinstance(f, dict) and f.get("innermost") is True
+        kinds = ("save", "load", "other", "ignore") if innermost else ("save", "load")
+        if not isinstance(f, dict) or f.get("during") not in kinds:
+            raise RuleError(path, where, "a frame is a mapping with 'during' (save or load; other or ignore with "
+                                         "innermost: true), 'prefilter', 'pattern'")
+        unknown = set(f) - {"during", "prefilter", "pattern", "source", "description", "innermost"}
         if unknown:
             raise RuleError(path, where, f"unknown field(s) {sorted(_name(k) for k in unknown)}")
+        if not isinstance(f.get("innermost", False), bool):
+            raise RuleError(path, where, "'innermost' must be true or false")
         _check_pattern(f, path, where, cost=not trusted)
         for key in ("source", "description"):
             if not isinstance(f.get(key, ""), str):
                 raise RuleError(path, where, f"'{key}' must be a string (it is {_kind(f[key])})")
         out.append(Frame(during=f["during"], prefilter=f["prefilter"], pattern=f["pattern"], file=path,
-                         source=f.get("source", "")))
+                         source=f.get("source", ""), innermost=innermost))
     return out
 
 
@@ -680,10 +734,13 @@ class RuleSet:
             if r.id in seen:
                 raise RuleError(r.file, r.id, f"duplicate id (also in {seen[r.id]})")
             seen[r.id] = r.file
-            try:
-                probe.str.contains(r.pattern)
-            except Exception as e:  # polars raises ComputeError with the regex crate's message
-                raise RuleError(r.file, r.id, f"pattern does not compile: {str(e).splitlines()[0:4]}") from None
+            for what, pattern in (("pattern", r.pattern), ("'unless'", r.unless)):
+                if pattern is None:
+                    continue
+                try:
+                    probe.str.contains(pattern)
+                except Exception as e:  # polars raises ComputeError with the regex crate's message
+                    raise RuleError(r.file, r.id, f"{what} does not compile: {str(e).splitlines()[0:4]}") from None
             self.rules.append(r)
         for f in self.frames:
             try:
@@ -692,14 +749,16 @@ class RuleSet:
                 raise RuleError(f.file, f"frame {f.prefilter!r}", f"pattern does not compile: {str(e).splitlines()[0:4]}") from None
 
     @classmethod
-    def load(cls, extra: Iterable[str] = (), *, packaged: bool = True) -> RuleSet:
-        """The packaged packs (unless ``packaged=False``) plus ``extra`` files or directories,
-        whose rules override packaged rules of the same id (see the module docstring).
+    def load(cls, extra: Iterable[str] = (), *, packaged: bool = True,
+             scopes: Iterable[str] | None = None) -> RuleSet:
+        """The packaged packs (unless ``packaged=False``; only those of ``scopes`` when given,
+        see :func:`packaged_rule_files`) plus ``extra`` files or directories, whose rules
+        override packaged rules of the same id (see the module docstring).
 
         Raises RuleError for a broken file, a duplicate id, or an override of an unknown id."""
         base: list[Rule] = []
         frames: list[Frame] = []
-        for f in packaged_rule_files() if packaged else []:
+        for f in packaged_rule_files(scopes) if packaged else []:
             rules, fr = load_pack(f, trusted=True)
             base += rules
             frames += fr
@@ -718,17 +777,25 @@ class RuleSet:
         # records that hold any (a few in a thousand in real logs); only those are tested
         # literal by literal, and each rule looks at the ones its literal admits that no
         # earlier rule claimed
-        prefilters = list(dict.fromkeys(r.prefilter for r in self.rules))
-        records = records.filter(pl.col("line").str.contains_any(prefilters))
+        # a rule whose pattern starts with (?i) has its literal found whatever its case
+        exact = list(dict.fromkeys(r.prefilter for r in self.rules if not _folds_case(r)))
+        folded = list(dict.fromkeys(r.prefilter.lower() for r in self.rules if _folds_case(r)))
+        line = pl.col("line")
+        keep = line.str.contains_any(exact)
+        if folded:
+            keep = keep | line.str.contains_any(folded, ascii_case_insensitive=True)
+        records = records.filter(keep)
         if records.is_empty():
             return empty_events()
         pool = records.with_row_index("_rid")
-        masks = _literal_masks(records["line"], prefilters)
+        masks = _literal_masks(records["line"], exact)
+        if folded:
+            masks |= {_FOLDED + k: v for k, v in _literal_masks(records["line"], folded, fold_case=True).items()}
         source_masks: dict[tuple[str, ...], pl.Series] = {}
         claimed = pl.Series("claimed", [False] * records.height, dtype=pl.Boolean)
         parts: list[pl.DataFrame] = []
         for rule in self.rules:
-            m = masks.get(rule.prefilter)
+            m = masks.get(_FOLDED + rule.prefilter.lower() if _folds_case(rule) else rule.prefilter)
             if m is None:
                 continue
             if rule.sources:
@@ -740,8 +807,13 @@ class RuleSet:
                 continue
             cand = pool.filter(m)
             hit = cand.filter(pl.col("line").str.contains(rule.pattern))
+            if rule.unless and not hit.is_empty():
+                hit = hit.filter(~pl.col("line").str.contains(rule.unless))
             if rule.during and not hit.is_empty():
-                hit = hit.filter(pl.Series([d == rule.during for d in self._during(hit["line"])], dtype=pl.Boolean))
+                want: str | None = None if rule.during == "neither" else rule.during
+                multi = hit["line"].str.contains("\n", literal=True)
+                hit = hit.filter(pl.Series([d == want for d in self._during(hit["line"], multi, keep_other=True)],
+                                           dtype=pl.Boolean) & multi)
             if hit.is_empty():
                 continue
             claimed = claimed.scatter(hit["_rid"], True)
@@ -775,7 +847,8 @@ class RuleSet:
         multi = hit["line"].str.contains("\n", literal=True)
         if multi.any():  # tracebacks: the code they ran through, the line a report should cite
             captured = captured.with_columns(
-                pl.Series("_during", self._during(hit["line"], multi), dtype=pl.Utf8),
+                pl.Series("_during", self._during(hit["line"], multi, innermost=rule.event not in _PEER_KINDS),
+                          dtype=pl.Utf8),
                 pl.Series("_at_line", _match_lines(hit["line"], rule.pattern, multi), dtype=pl.Int64))
         attrs_json = attrs_json_of(captured, rule.attrs)
         for name in ("pid", "step", "path"):
@@ -802,10 +875,14 @@ class RuleSet:
         return df.select(["_rid", *EVENT_SCHEMA]).cast({k: v for k, v in EVENT_SCHEMA.items()})  # type: ignore[arg-type]
 
 
-    def _during(self, lines: pl.Series, multi: pl.Series | None = None) -> list[str | None]:
+    def _during(self, lines: pl.Series, multi: pl.Series | None = None, *,
+                innermost: bool = True, keep_other: bool = False) -> list[str | None]:
         """Per record: ``save`` / ``load`` when it is a traceback through a frame of that
-        code (the first frame in pack order that matches), else None. ``multi``: which
-        records have several lines, when the caller knows."""
+        code (the first of the packs' frames in pack order that matches; else, with
+        ``innermost``, the innermost frame line the generic vocabulary classifies, see
+        :class:`Frame`), else None; with ``keep_other``, ``other`` for a traceback whose
+        innermost classified frame is neither. ``multi``: which records have several
+        lines, when the caller knows."""
         out: list[str | None] = [None] * len(lines)
         if multi is None:
             multi = lines.str.contains("\n", literal=True)
@@ -814,6 +891,8 @@ class RuleSet:
         rows = multi.arg_true()  # only tracebacks (several lines) are looked at
         sub = lines.gather(rows)
         for f in self.frames:
+            if f.innermost:
+                continue
             cand = sub.str.contains(f.prefilter, literal=True)
             if not cand.any():
                 continue
@@ -821,19 +900,59 @@ class RuleSet:
             for i in at.filter(lines.gather(at).str.contains(f.pattern)).to_list():
                 if out[i] is None:
                     out[i] = f.during
+        inner = [f for f in self.frames if f.innermost] if innermost else []
+        left = [i for i in rows.to_list() if out[i] is None]
+        if inner and left:
+            for i, d in _innermost(lines.gather(left), inner).items():
+                out[left[i]] = d if d != "other" or keep_other else None
         return out
 
 
-def _literal_masks(lines: pl.Series, literals: list[str]) -> dict[str, pl.Series]:
+def _innermost(lines: pl.Series, frames: list[Frame]) -> dict[int, str]:
+    """Per record of ``lines`` (by position): ``save``, ``load`` or ``other``, what the
+    innermost of its frame lines (:data:`FRAME_LINE`) that ``frames`` classify (first
+    matching frame per line; ``ignore`` lines skipped) is; records with none are left out."""
+    found = (pl.DataFrame({"f": lines.str.extract_all(FRAME_LINE)}).with_row_index("_r")
+             .explode("f").drop_nulls("f"))
+    if found.is_empty():
+        return {}
+    label: Any = None
+    for f in frames:
+        hit = pl.col("f").str.contains(f.pattern)
+        label = pl.when(hit).then(pl.lit(f.during)) if label is None else label.when(hit).then(pl.lit(f.during))
+    found = (found.with_columns(label.otherwise(pl.lit(None, dtype=pl.Utf8)).alias("d"))
+             .filter(pl.col("d").is_not_null() & (pl.col("d") != "ignore")))
+    last = found.group_by("_r", maintain_order=True).agg(pl.col("d").last())
+    return {int(r): str(d) for r, d in last.iter_rows() if d in ("save", "load", "other")}
+
+
+#: a peer's report of a collective that failed: a rank waiting in a save's barrier is not the
+#: rank whose save failed, so only the packs' own frames (never the generic vocabulary) say
+#: what code such a report passed through
+_PEER_KINDS = ("collective_error", "collective_timeout")
+
+#: the key of a case-folded literal's mask (see :func:`_folds_case`)
+_FOLDED = "\x00i:"
+
+
+def _folds_case(rule: Rule) -> bool:
+    """The rule's pattern is case-insensitive (``(?i)`` first): its prefilter is too."""
+    return rule.pattern.startswith("(?i)")
+
+
+def _literal_masks(lines: pl.Series, literals: list[str], *, fold_case: bool = False) -> dict[str, pl.Series]:
     """Which of ``lines`` hold each of ``literals``, for the literals some line holds:
     ``{literal: Boolean Series of len(lines)}``. One overlapping Aho-Corasick pass reports
     every literal a line holds (``checkpoint`` and ``heckpoint`` both), where a ``contains``
     per literal made one pass per rule's literal: 189 passes, two thirds of the rules'
     time on a fleet's logs."""
     found = (pl.DataFrame({"line": lines}).with_row_index("_r")
-             .select("_r", pl.col("line").str.extract_many(literals, overlapping=True).alias("_lit"))
+             .select("_r", pl.col("line").str.extract_many(literals, overlapping=True, ascii_case_insensitive=fold_case)
+                     .alias("_lit"))
              .explode("_lit").drop_nulls("_lit").unique(["_r", "_lit"]))
     out: dict[str, pl.Series] = {}
+    if fold_case:  # the matched text, in the line's case: keyed by the literal it folds to
+        found = found.with_columns(pl.col("_lit").str.to_lowercase()).unique(["_r", "_lit"])
     for (lit,), rows in found.partition_by("_lit", as_dict=True).items():
         # a new Series each: scatter writes into the Series it is called on
         out[str(lit)] = pl.repeat(False, len(lines), dtype=pl.Boolean, eager=True).scatter(rows["_r"], True)
@@ -1024,7 +1143,7 @@ def check_examples(ruleset: RuleSet) -> list[RuleError]:
         kind = rule.sources[0] if rule.sources else "log"
         lines = [line for line, _ in rule.match_examples]
         for line in lines:
-            if rule.prefilter not in line:
+            if (rule.prefilter.lower() not in line.lower()) if _folds_case(rule) else (rule.prefilter not in line):
                 errors.append(RuleError(rule.file, rule.id, f"prefilter {rule.prefilter!r} is not in match example "
                                                             f"{line[:80]!r}: the rule could never see it"))
         events = ruleset.apply(_example_records(lines, kind))
