@@ -137,6 +137,11 @@ class Frame:
     innermost: bool = False
 
 
+#: the function the innermost frame's code line calls: ``self._save_last_checkpoint(tra`` (a
+#: paste cut in the middle of it), ``torch.save(state, path)``, ``result = self.load(p)``
+_INNERMOST_CALL = (r'(?s)^.*\n[ \t]*File "[^"\n]*", line \d+,? in [^\n]+\n[ \t]+(?:[^\n(]*?[^\w.])?'
+                   r'(?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*)\s*\(')
+
 #: one frame line of a traceback: Python's (CPython traceback.py ``  File "{}", line {}, in {}``),
 #: c10's native backtrace (``frame #3: caffe2::serialize::PyTorchStreamWriter::…``) and Lua's
 #: (``…/torch/File.lua:210: in function 'writeObject'``)
@@ -914,6 +919,11 @@ def _innermost(lines: pl.Series, frames: list[Frame]) -> dict[int, str]:
     matching frame per line; ``ignore`` lines skipped) is; records with none are left out."""
     found = (pl.DataFrame({"f": lines.str.extract_all(FRAME_LINE)}).with_row_index("_r")
              .explode("f").drop_nulls("f"))
+    # the call the innermost frame was making (its code line: the raising statement, or in a
+    # traceback cut before its next frame, the call into it) counts as one frame further in
+    calls = (pl.DataFrame({"c": lines.str.extract(_INNERMOST_CALL, 1)}).with_row_index("_r").drop_nulls("c")
+             .select("_r", pl.format('  File "<call>", line 0, in {}', pl.col("c")).alias("f")))
+    found = pl.concat([found, calls]).sort("_r", maintain_order=True)
     if found.is_empty():
         return {}
     label: Any = None

@@ -1,0 +1,144 @@
+"""The generic layer under the packs, each mechanism on real pasted logs (tests/wild/dev,
+their threads in each case's expected.json) and on the shapes they stand for: tracebacks
+as notebooks, Colab and Rich print them, or with their indentation lost; a traceback header
+behind other text; wrappers nobody registered; the frame vocabulary that places any
+package's traceback in save, load or other code; and the generic layer alone, with every
+framework pack turned off."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+
+from ckptwatch.ingest.prefix import learn_outer
+from ckptwatch.ingest.tracebacks import normalize, split_headers
+from ckptwatch.ingest.watcher import SourceWatcher
+from ckptwatch.pipeline import PipelineOptions, diagnose
+
+WILD = Path(__file__).resolve().parent / "wild" / "dev"
+GENERIC_ONLY = PipelineOptions(rule_scopes=("system", "generic"))
+
+
+def records(path: Path | str) -> list[str]:
+    w = SourceWatcher([str(path)], archives=True)
+    try:
+        return w.poll(final=True)["line"].to_list()
+    finally:
+        w.close()
+
+
+def found(path: Path | str, options: PipelineOptions | None = None) -> list[tuple]:
+    incidents, _ = diagnose([str(path)], options)
+    return [(i.kind, i.step, i.root_cause.cls if i.root_cause else None) for i in incidents]
+
+
+def test_an_ipython_traceback_is_read_as_cpythons():
+    """unsloth's save_pretrained_merged in a notebook: ultratb's header, ``File <path>:<n>, in
+    <func>(...)`` frames and ``---->`` code lines; the OOM is the save's."""
+    df = pl.DataFrame({"offset": [0, 1, 2, 3, 4], "line": [
+        "OutOfMemoryError                          Traceback (most recent call last)",
+        "Cell In[21], line 2",
+        "----> 2 model.save_pretrained_merged(new_model_local, tokenizer, save_method=\"merged_16bit\")",
+        "File /usr/local/lib/python3.10/dist-packages/unsloth/save.py:1298, in unsloth_save_pretrained_merged(self, "
+        "save_directory)",
+        "-> 1298 unsloth_save_model(**arguments)"]})
+    assert normalize(df)["line"].to_list() == [
+        "Traceback (most recent call last):",
+        '  File "<cell 21>", line 2, in <module>',
+        "    2 model.save_pretrained_merged(new_model_local, tokenizer, save_method=\"merged_16bit\")",
+        '  File "/usr/local/lib/python3.10/dist-packages/unsloth/save.py", line 1298, in unsloth_save_pretrained_merged',
+        "    1298 unsloth_save_model(**arguments)"]
+    assert found(WILD / "finetune-unsloth-2193" / "logs") == [("interrupted_save", None, "cuda_oom")]
+
+
+def test_a_colab_traceback_with_hidden_frames_is_read_as_cpythons():
+    lines = records(WILD / "finetune-unsloth-2193" / "logs")
+    tb = next(x for x in lines if "_merge_lora" in x)
+    assert '  File "/usr/local/lib/python3.11/dist-packages/unsloth/save.py", line 0, in _merge_lora' in tb
+    assert "    [3 frames hidden]" in tb and tb.endswith("GPU 0 has a total capacity of 14.74 GiB of w")
+
+
+def test_a_rich_traceback_box_is_read_as_cpythons():
+    df = pl.DataFrame({"offset": list(range(6)), "line": [
+        "╭─────────────── Traceback (most recent call last) ───────────────╮",
+        "│ /root/sd-scripts/venv/lib/python3.10/site-packages/accelerate/commands/accelerate_cli.py: │",
+        "│ 45 in main                                                       │",
+        "│ /root/sd-scripts/library/model_util.py:1103 in save_stable_diffusion_checkpoint │",
+        "╰──────────────────────────────────────────────────────────────────╯",
+        "RuntimeError: boom"]})
+    out = [x for x in normalize(df)["line"].to_list() if x]
+    assert out == ["Traceback (most recent call last):",
+                   '  File "/root/sd-scripts/venv/lib/python3.10/site-packages/accelerate/commands/accelerate_cli.py", '
+                   "line 45, in main",
+                   '  File "/root/sd-scripts/library/model_util.py", line 1103, in save_stable_diffusion_checkpoint',
+                   "RuntimeError: boom"]
+
+
+def test_a_traceback_header_behind_a_save_line_starts_its_own_record():
+    """CN-DPM printed 'Saving checkpoint... ' without a newline; pickle.dump then raised."""
+    df = pl.DataFrame({"offset": [100], "line": ["Saving checkpoint... Traceback (most recent call last):"]})
+    out = split_headers(df)
+    assert out.rows() == [(100, "Saving checkpoint..."), (121, "Traceback (most recent call last):")]
+    assert found(WILD / "torch-cn-dpm-5" / "logs") == [("interrupted_save", None, "exception")]
+
+
+def test_a_traceback_that_lost_its_indentation_is_one_record():
+    """A paste outside a markdown code block: every frame at column 0 (diffusers' LoRA save
+    refusing an empty file name)."""
+    tb = [x for x in records(WILD / "diffusion-fast-stable-diffusion-2370" / "logs") if x.startswith("Traceback")]
+    assert len(tb) == 1 and tb[0].count("\nFile ") == 6
+    assert found(WILD / "diffusion-fast-stable-diffusion-2370" / "logs") == [("interrupted_save", None, "exception")]
+
+
+def test_wrappers_nobody_registered_are_learned_from_the_files_tracebacks(tmp_path):
+    body = ["Saving checkpoint to ./output/checkpoint-450",
+            "Traceback (most recent call last):",
+            '  File "/venv/lib/python3.11/site-packages/torch/serialization.py", line 650, in _save',
+            "    zip_file.write_record(name, storage.data_ptr(), num_bytes)",
+            "RuntimeError: [enforce fail at inline_container.cc:337] . unexpected pos 2309312 vs 2309200"]
+    for wrapper, want in (("9-task-1-0/0 [default0]:", r"^\d+-task-\d+-\d+/\d+ ?"),
+                          ("gpu-node-17 out: ", r"^gpu-node-\d+ out: ?"),
+                          ("2024-03-01T10:00:00.123Z stdout F ", r"^\d+-\d+-\d+T\d+:\d+:\d+\.\d+Z stdout F ?")):
+        lines = [wrapper + x for x in body]
+        assert learn_outer(lines) == (want,)
+        (tmp_path / "console.log").write_text("\n".join(lines) + "\n")
+        incidents, _ = diagnose([str(tmp_path / "console.log")])
+        assert [(i.kind, i.step, i.root_cause.cls) for i in incidents] == [
+            ("storage_failure_during_save", 450, "storage_error")]
+    # a container runtime's time in the wrapper still dates the lines
+    assert incidents[0].root_cause.ts.isoformat() == "2024-03-01T10:00:00.123000+00:00"
+
+
+def test_registered_labels_are_never_taken_for_an_unknown_wrapper():
+    """srun's task label, the excepthook's rank, a JSON line and pdsh's host are read by
+    split_prefixes itself, which keeps their rank or host."""
+    for prefix in ("0: [rank0]:", "[rank1]: ", "[default3]:", '{"log":"'):
+        lines = [prefix + "Traceback (most recent call last):"] + [prefix + '  File "x.py", line 1, in f'] * 4
+        assert learn_outer(lines) == (), prefix
+
+
+def test_a_paste_that_starts_inside_a_label_is_read():
+    lines = ["rank0]: Traceback (most recent call last):", '[rank0]:   File "x.py", line 1, in f',
+             "[rank0]: ValueError: x"]
+    assert learn_outer(lines) == (r"^[A-Za-z_]{0,12}\d{1,6}\]: ?",)
+
+
+def test_the_frame_vocabulary_places_tracebacks_in_save_load_or_other_code():
+    # evaluation (HF's _maybe_log_save_evaluate dispatching to evaluate -> get_eval_dataloader): no load failure
+    assert found(WILD / "hf-stanford-alpaca-42" / "logs") == []
+    # stable-baselines3's BaseAlgorithm.load -> an AssertionError deep in its setup: a failed load
+    assert found(WILD / "rl-huggingface-sb3-21" / "logs") == [("load_failure", None, None)]
+    # a traceback through NeMo's ModelCheckpoint._save_last_checkpoint, cut before its exception line
+    assert found(WILD / "megatron-speech-12203" / "logs") == [("interrupted_save", None, "unknown")]
+
+
+def test_the_generic_layer_alone_reads_stacks_no_pack_covers():
+    """Every framework pack off: Lua Torch's short write in torch.save, Keras' h5py refusing
+    to create the .h5 of model.save, and a traceback through keras saving.py."""
+    assert found(WILD / "other-torch7-256" / "logs", GENERIC_ONLY) == [
+        ("storage_failure_during_save", None, "storage_error")]
+    assert found(WILD / "tf-bosssensor-21" / "logs", GENERIC_ONLY) == [
+        ("storage_failure_during_save", None, "storage_error")]
+    assert found(WILD / "tf-importance-sampling-24" / "logs", GENERIC_ONLY) == [
+        ("interrupted_save", None, "exception")]
