@@ -208,7 +208,7 @@ def diagnose_cmd(
         raise _fail(nothing)
     if as_json:
         sys.stdout.write(report.render_json(incidents, stats.to_dict()) + "\n")
-        for msg in [*stats.errors, *stats.label_warnings()]:
+        for msg in [*stats.errors, *stats.to_dict()["warnings"]]:
             _err.print(f"[yellow]warning:[/yellow] {escape(msg)}", soft_wrap=True)
     else:
         report.render_text(incidents, Console(highlight=False, soft_wrap=True), stats.to_dict())

@@ -77,6 +77,8 @@ _SAME_FAILURE_S = 300.0
 _SENDERS = {"scheduler_time_limit": "the scheduler (time limit)", "scheduler_preemption": "the scheduler (preemption)",
             "scancel": "scancel (an operator)", "kubelet_eviction": "the kubelet (node pressure eviction)",
             "external": "a process outside the job (scheduler or operator)"}
+#: Signals a process raises on itself when it crashes in native code (torchrun's exitcode -11).
+NATIVE_SIGNALS = frozenset({"SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE"})
 #: Signals torchrun's agent sends when tearing a worker group down.
 AGENT_SIGNALS = {"SIGTERM", "SIGKILL", "SIGINT", "SIGHUP", "SIGQUIT"}
 
@@ -164,7 +166,9 @@ def attribute(failures: list[Ev], state: JobState, expected: set[int],
                 continue  # the kernel's OOM line is the better evidence for this death
             if e.attrs.get("reporter") == "torchrun_summary" and e.pid in agent_reported:
                 continue  # the agent's own "failed (exitcode: …)" line is the more precise report
-            hard.append((e.ts, _HARD_ORDER["signal"], e, "signal", rank, e.signal))
+            # a death by SIGSEGV / SIGBUS / SIGILL / SIGFPE is the process crashing, not being killed
+            cls = "native_crash" if e.signal in NATIVE_SIGNALS else "signal"
+            hard.append((e.ts, _HARD_ORDER[cls], e, cls, rank, e.signal))
 
     root_events: list[Ev]
     if hard:

@@ -28,7 +28,7 @@ from ckptwatch.detectors.regression import RegressionSettings, saver_windows
 from ckptwatch.detectors.events import LOADING_KINDS, Ev, is_host_event
 from ckptwatch.detectors.incident import Incident
 from ckptwatch.detectors.jobstate import MAX_PROGRESS, PAYLOAD_KEEP, SETTLE_ROWS, JobState
-from ckptwatch.detectors.saves import SaveState, saves_of
+from ckptwatch.detectors.saves import UNKNOWN_STEP, SaveState, saves_of
 
 UNKNOWN_JOB = "unknown"
 MAX_AHEAD = dt.timedelta(days=1)
@@ -343,10 +343,12 @@ class Detector:
                 still_open = still_open or inc.kind == "stalled_save"
             changed += self._finished_saves(job, {i.id for i in found}, saves)
             # a provisional conclusion is evaluated again as the watermark moves, until it settles
-            concluded = {i.step for i in found if i.kind != "stalled_save" and not i.provisional}
+            # (a save of no known step is reported with step None and kept under UNKNOWN_STEP)
+            concluded = {UNKNOWN_STEP if i.step is None else i.step for i in found
+                         if i.kind != "stalled_save" and not i.provisional}
             open_saves = [s for s in saves.values() if not s.complete and s.step not in concluded]
             self._open_saves[job] = len(open_saves)
-            stalled = {i.step for i in found}
+            stalled = {UNKNOWN_STEP if i.step is None else i.step for i in found}
             self._unfinished[job] = sorted((s.step, s.path) for s in open_saves if s.step not in stalled)
             if not final:
                 self._retire(job, state, saves, wm)

@@ -71,6 +71,7 @@ def continues_previous(line: pl.Expr, prev: pl.Expr, prev2: pl.Expr | None = Non
         | line.str.starts_with("Traceback (most recent call last): (RANK")
         | (prev_chain & line.str.starts_with("Traceback (most recent call last)"))
         | line.str.starts_with("During handling of the above exception")
+        | (line == "stack traceback:")  # Lua's error report: the message, then its frames
         | line.str.starts_with("The above exception was the direct cause")
         | (prev_indented & line.str.contains(_EXC_LINE))
         | (line.str.contains(r"^\[\d+\]:\s*$") & prev.str.contains(_SECTION).fill_null(False))

@@ -63,7 +63,8 @@ class Stats:
                        "were given the time of the lines around them: pass the host's boot time with --boot-time "
                        "(e.g. from `uptime -s`), or log with `dmesg -T` / journalctl")
         if self.open_saves:
-            shown = "; ".join(f"step {st} of job {job}" + (f" ({p})" if p else "") for job, st, p in self.open_saves[:3])
+            shown = "; ".join(f"{_step_words(st)} of job {job}" + (f" ({p})" if p else "")
+                              for job, st, p in self.open_saves[:3])
             more = f" and {len(self.open_saves) - 3} more" if len(self.open_saves) > 3 else ""
             out["open-saves"] = (f"{len(self.open_saves)} save(s) started and were not seen to finish before the logs "
                                  f"end, with no failure seen: {shown}{more}. If the job was still running, that is "
@@ -92,5 +93,13 @@ class Stats:
             "files": self.files, "lines": self.lines, "records": self.records, "events": self.events,
             "duplicate_events": self.duplicate_events, "invalid_utf8": self.invalid_utf8,
             "skipped": dict(sorted(self.skipped.items())), "notes": dict(sorted(self.notes.items())),
-            "errors": list(self.errors), "warnings": self.label_warnings(),
+            # the saves the logs end inside are a section of the report of their own (open_saves)
+            "errors": list(self.errors),
+            "warnings": [m for k, m in self.label_warning_items().items() if k != "open-saves"],
+            "open_saves": [{"job": job, "step": None if st < 0 else st, "path": p} for job, st, p in self.open_saves],
         }
+
+
+def _step_words(step: int) -> str:
+    """``step 40``, or for a save whose step the log does not show (a negative key), so."""
+    return f"step {step}" if step >= 0 else "a save whose step is not in the logs"

@@ -34,7 +34,7 @@ _IPY_CELL = r"^Cell In ?\[(\d+)\], line (\d+)\s*$"
 #: IPython 8: ``File <path>:<n>, in <func>(<args>)`` (no quotes: CPython's has them)
 _IPY_FILE = r"^File ([^\"\s][^\n]*?):(\d+), in ([^(\n]+?)\s*(?:\(.*)?$"
 #: IPython 7: ``<path> in <func>(<args>)``
-_IPY7_FILE = r"^((?:[A-Za-z]:)?[/\\][^\s]*?\.py|<ipython-input-[\w-]+>) in ([^(\n]+?)\s*(?:\(.*)?$"
+_IPY7_FILE = r"^((?:[A-Za-z]:|~)?[/\\][^\s]*?\.py|<ipython-input-[\w-]+>) in ([^(\n]+?)\s*(?:\(.*)?$"
 #: Colab: ``[<path>](<link>) in <func>(<args>)``
 _COLAB_FILE = r"^\[([^\]\s]+?)\]\([^)]*\) in ([^(\n]+?)\s*(?:\(.*)?$"
 _COLAB_HIDDEN = r"^(\d+) frames?\s*$"

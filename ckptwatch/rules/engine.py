@@ -12,7 +12,9 @@ A rule pack is a YAML file::
         sources: [console]                # optional: source kinds (console, worker, log)
         attrs: {reporter: agent}          # optional: static attributes added to the event
         path_format: "{path}/iter_{step:07d}"  # optional: rewrite the captured path
-        during: save                      # optional: only tracebacks through save (or load) code
+        during: save                      # optional: only tracebacks through save (or load) code;
+                                          # neither: through code no frame vocabulary places;
+                                          # !save / !load: any record but such a traceback
         unless: "KeyboardInterrupt"       # optional: records this also matches go to later rules
         examples:
           match:                          # each must match; "expect" checks captured groups
@@ -574,9 +576,10 @@ def _parse_rule(raw: Any, file: str, index: int, *, trusted: bool = False) -> Ru
         raise RuleError(file, rid, f"'sources' must be a list drawn from {sorted(_SOURCE_KINDS)}")
     attrs = _check_mapping({} if raw.get("attrs") is None else raw["attrs"], "attrs", file, rid, null_ok=False,
                            what="strings, numbers or booleans")
-    if raw.get("during") not in (None, "save", "load", "neither"):
+    if raw.get("during") not in (None, "save", "load", "neither", "!save", "!load"):
         raise RuleError(file, rid, "'during' must be save or load (the rule then matches only tracebacks through that "
-                                   "code), or neither (tracebacks through code no frame vocabulary knows)")
+                                   "code), neither (tracebacks through code no frame vocabulary knows), or !save / "
+                                   "!load (any record but a traceback through that code)")
     if not isinstance(raw.get("source", ""), str):
         raise RuleError(file, rid, "'source' must be a string (the framework file and function the line comes from)")
     if not isinstance(raw.get("description", ""), str):
@@ -815,10 +818,14 @@ class RuleSet:
             if rule.unless and not hit.is_empty():
                 hit = hit.filter(~pl.col("line").str.contains(rule.unless))
             if rule.during and not hit.is_empty():
-                want: str | None = None if rule.during == "neither" else rule.during
                 multi = hit["line"].str.contains("\n", literal=True)
-                hit = hit.filter(pl.Series([d == want for d in self._during(hit["line"], multi, keep_other=True)],
-                                           dtype=pl.Boolean) & multi)
+                where = self._during(hit["line"], multi, keep_other=True)
+                if rule.during.startswith("!"):
+                    keep = pl.Series([d != rule.during[1:] for d in where], dtype=pl.Boolean)
+                else:
+                    want: str | None = None if rule.during == "neither" else rule.during
+                    keep = pl.Series([d == want for d in where], dtype=pl.Boolean) & multi
+                hit = hit.filter(keep)
             if hit.is_empty():
                 continue
             claimed = claimed.scatter(hit["_rid"], True)

@@ -44,15 +44,34 @@ def timeline(inc: Incident, limit: int = TIMELINE_MAX) -> list[str]:
     return out
 
 
+def _open_saves(console: Console, saves: list[dict[str, Any]]) -> None:
+    """The saves the logs end inside of (no end, no failure after their start): what real
+    pasted logs mostly mean by it is a process that died without a word (SIGKILL, the OOM
+    killer: nothing is printed) or a paste cut there; a job still running shows it too."""
+    if not saves:
+        return
+    console.print("[yellow]The logs end inside a save[/yellow] (started, not seen to finish, no failure after it):")
+    for s in saves[:5]:
+        step = f"step {s['step']}" if s.get("step") is not None else "a save whose step is not in the logs"
+        console.print(f"  {escape(step)} of job {escape(str(s.get('job')))}"
+                      + (f"  {escape(str(s['path']))}" if s.get("path") else ""))
+    if len(saves) > 5:
+        console.print(f"  … and {len(saves) - 5} more")
+    console.print("  If the process is gone (it died without a word, as one killed by SIGKILL or the OOM killer does, "
+                  "or the paste stops there), that checkpoint is not whole: verify it (ckptwatch verify PATH) before "
+                  "resuming from it. If the job is still running, this is expected.")
+
+
 def render_text(incidents: list[Incident], console: Console, stats: dict[str, Any] | None = None) -> None:
     """Print incidents (and a stats footer) to ``console``."""
     if not incidents:
         console.print("[green]No incident found.[/green]")
+    _open_saves(console, (stats or {}).get("open_saves") or [])
     for inc in incidents:
         rc = inc.root_cause
         style = SEV_STYLE.get(inc.severity, "")
         console.print(f"[{style}]{inc.severity.upper()}[/{style}] [bold]{inc.kind}[/bold]  job {escape(str(inc.job))}  "
-                      f"step {'unknown' if inc.step is None else inc.step}  [dim]id {inc.id} · {inc.status}[/dim]")
+                      f"step {'not in the logs' if inc.step is None else inc.step}  [dim]id {inc.id} · {inc.status}[/dim]")
         console.print(f"  checkpoint   {escape(inc.checkpoint_path or 'path not in the logs')}")
         if rc:
             sig = f" ({rc.signal})" if rc.signal else ""
