@@ -142,3 +142,37 @@ def test_the_generic_layer_alone_reads_stacks_no_pack_covers():
         ("storage_failure_during_save", None, "storage_error")]
     assert found(WILD / "tf-importance-sampling-24" / "logs", GENERIC_ONLY) == [
         ("interrupted_save", None, "exception")]
+
+
+def test_a_crash_is_the_cause_and_the_writers_complaint_after_it_collateral(tmp_path):
+    """Lines that inherit one time are ordered by the file: a segfault, then the zip writer's
+    short write, is a torn save by a native crash, not a storage failure."""
+    log = tmp_path / "console.log"
+    log.write_text("Saving checkpoint to /ckpt/step_100\nFatal Python error: Segmentation fault\n"
+                   "RuntimeError: [enforce fail at inline_container.cc:445] . PytorchStreamWriter failed writing "
+                   "file data/176: file write failed\n")
+    assert found(log) == [("interrupted_save", 100, "native_crash")]
+    log.write_text("Saving checkpoint to /ckpt/step_100\n"
+                   "RuntimeError: [enforce fail at inline_container.cc:445] . PytorchStreamWriter failed writing "
+                   "file data/176: file write failed\nFatal Python error: Segmentation fault\n")
+    assert found(log) == [("storage_failure_during_save", 100, "storage_error")]
+
+
+def test_a_quoted_paste_and_a_wrapper_that_names_the_rank_are_read(tmp_path):
+    body = ["Saving checkpoint to out/step_40", "Traceback (most recent call last):",
+            '  File "/venv/lib/python3.11/site-packages/torch/serialization.py", line 650, in _save',
+            "    zip_file.write_record(name, storage.data_ptr(), num_bytes)",
+            "RuntimeError: [enforce fail at inline_container.cc:337] . unexpected pos 2309312 vs 2309200"]
+    (tmp_path / "quoted.log").write_text("".join(f"> {x}\n" for x in body))
+    assert found(tmp_path / "quoted.log") == [("storage_failure_during_save", 40, "storage_error")]
+    (tmp_path / "worker.log").write_text("".join(f"worker-rank-3 | {x}\n" for x in body))
+    incidents, _ = diagnose([str(tmp_path / "worker.log")])
+    assert [(i.kind, i.root_cause.rank) for i in incidents] == [("storage_failure_during_save", 3)]
+
+
+def test_deaths_by_signal_in_ide_container_and_shell_words(tmp_path):
+    for line, cls in (("Process finished with exit code 137 (interrupted by signal 9: SIGKILL)", "signal"),
+                      ("Killed: 9", "signal"), ("Segmentation fault (core dumped)", "native_crash"),
+                      ("trainer_1 exited with code 139", "native_crash")):
+        (tmp_path / "a.log").write_text(f"Step 1200: lr=3e-4\nSaving checkpoint...\n{line}\n")
+        assert found(tmp_path / "a.log") == [("interrupted_save", 1200, cls)], line

@@ -176,6 +176,13 @@ def attribute(failures: list[Ev], state: JobState, expected: set[int],
             ranked = [h for h in hard if h[4] in named]
             hard = ranked or hard
         hard.sort(key=lambda h: (h[0], h[1], h[2].source_id, h[2].offset))
+        # in one file at one time (lines that inherit a time), the earlier line is the cause: a
+        # writer's complaint after a crash is the crash's consequence, not a storage failure
+        first = hard[0]
+        earlier = [h for h in hard if h[0] == first[0] and h[2].source_id == first[2].source_id
+                   and h[2].offset < first[2].offset]
+        if earlier and first[3] in ("storage_error", "exception"):
+            hard.insert(0, hard.pop(hard.index(min(earlier, key=lambda h: h[2].offset))))
         ts, _, ev, cls, rank, sig = hard[0]
         if len(named) == 1 and rank not in named and ev.attrs.get("failed_ranks") is not None:
             rank = next(iter(named))  # DCP's coordinator (rank 0) raises for the rank its list names

@@ -145,7 +145,7 @@ _KNOWN_TAIL = re.compile("|".join(f"(?:{re.sub(r'[(][?]P<[a-z_]+>', '(?:', x[1:]
     TEE_RE, RANK_RE, BARE_RANK_RE, HOST_TASK_RE, OMPI_RE, RAY_RE, KUBECTL_RE, ROLE_PAIR_RE, TASK_PREFIX_RE,
     HOST_RANK_RE)))
 #: what an outer prefix must not be: an exception's name, a logger's level, a frame, a quote
-_NOT_OUTER = re.compile(r"(?:Error|Exception|Warning|Traceback|File|raise|assert|return|:\s*\w+)\W*$|^\s*$|^[>#|*\-\s]+$"
+_NOT_OUTER = re.compile(r"(?:Error|Exception|Warning|Traceback|File|raise|assert|return|:\s*\w+)\W*$|^\s*$|^[#|*\-\s]+$"
                         r"|^\s*[{\"']")
 #: the start of a paste cut inside a label: ``rank0]:``, ``efault1]:`` (the ``[`` and part of the word lost)
 _CUT_LABEL = r"^[A-Za-z_]{0,12}\d{1,6}\]: ?"
@@ -311,6 +311,9 @@ def split_prefixes(df: pl.DataFrame, text_col: str = "line", *, layout: PrefixLa
         df = df.with_columns(line.str.extract(f"({rx})", 1).alias("prefix_outer"), line.str.replace(rx, ""))
     else:
         df = df.with_columns(pl.lit(None, dtype=pl.Utf8).alias("prefix_outer"))
+    # a wrapper that names a rank (``rank3: ``, ``worker-rank-3 | ``) still gives it
+    df = df.with_columns(pl.col("prefix_outer").str.extract(r"(?i)\brank[ _-]?(\d{1,6})\b", 1)
+                         .cast(pl.Int32, strict=False).alias("_o_rank"))
     df = df.with_columns(line.str.extract(KUBECTL_RE, 1).alias("_k_host"), line.str.replace(KUBECTL_RE, ""))
     is_json = line.str.starts_with("{") & line.str.ends_with("}")
     if not df.select(is_json.any()).item():  # no JSON line in the batch (most files): no JSON paths to read
@@ -321,7 +324,7 @@ def split_prefixes(df: pl.DataFrame, text_col: str = "line", *, layout: PrefixLa
     else:
         df = _json_columns(df, text_col, is_json)
     host_parts: list[pl.Expr] = [pl.col("_j_host")]
-    rank_parts: list[pl.Expr] = [pl.col("_j_rank")]
+    rank_parts: list[pl.Expr] = [pl.col("_j_rank"), pl.col("_o_rank")]
     local_parts: list[pl.Expr] = []
     extra: list[str] = []
     if layout.template:  # the user's own torchrun template: its macros say exactly what each number is
@@ -421,7 +424,7 @@ def split_prefixes(df: pl.DataFrame, text_col: str = "line", *, layout: PrefixLa
         pl.coalesce(pl.col("_j_pid"), pl.col("_ray_pid")).alias("prefix_pid"),
         pl.col("_j_job").alias("prefix_job"),
     )
-    return out.drop(["_j_head", "_j_rank", "_j_local", "_j_host", "_j_pid", "_j_job", "_ht_host", "_ht_rank",
+    return out.drop(["_j_head", "_j_rank", "_o_rank", "_j_local", "_j_host", "_j_pid", "_j_job", "_ht_host", "_ht_rank",
                      "_mpi_rank", "_bare_rank", "_pair_local", "_ray_pid", "_ray_host", "_k_host", "_tee_local",
                      "_lone_rank", *extra] + (["_h_host"] if layout.host_prefix else []) + (["_t_rank"] if layout.task_prefix else []))
 
