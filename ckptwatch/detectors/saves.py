@@ -38,7 +38,7 @@ import re
 from dataclasses import dataclass, field
 
 from ckptwatch.detectors.events import FAILURE_KINDS, Ev
-from ckptwatch.detectors.jobstate import JobState, ev_key as _key
+from ckptwatch.detectors.jobstate import NO_STEP, JobState, ev_key as _key
 
 _SAVE_KINDS = ("save_start", "save_end", "save_error")
 #: a load of the step just saved, in the saving file, this soon after the save began is the
@@ -133,6 +133,8 @@ def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
     restarts: list[dt.datetime] = []  # deaths, loads and resumes: after one, a save of the same step is a new attempt
     rewinds: list[Ev] = []  # loads and resumes of a known step: a run that went back to an older step
     abandoned: list[SaveState] = []  # earlier attempts of a step saved again after a restart
+    # progress that names a step (a Keras bar or a loss dict names none: a log may show no step at all)
+    stepped = any(len(p.step) and max(p.step) != NO_STEP for p in progress.values())
 
     def last_step(rank: int, key: tuple, *, anyone: bool) -> int | None:
         """The rank's last logged step before ``key`` (a progress line or a save line with a
@@ -166,7 +168,7 @@ def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
                 step = last_step(rank, _key(ev), anyone=True)
             else:
                 step = open_save.get(rank, last_step(rank, _key(ev), anyone=True))
-        if step is None and (progress or started_step or ev.kind == "save_end"):
+        if step is None and (stepped or started_step or ev.kind == "save_end"):
             continue  # a step is logged, just not before this line: not a save of its own
         if step is None:
             # no step anywhere (a pasted console, a traceback): a save all the same, of a step not shown

@@ -44,7 +44,9 @@ _SECTION = r"^(?:Failures:|Root Cause \(first observed failure\):)\s*$"
 #: (megatron/training/checkpointing.py save_checkpoint / load_checkpoint, print_rank_0('  successfully …'))
 _OWN_INDENTED = (r"^\s+(?:successfully (?:saved|loaded) checkpoint|scheduled an async checkpoint save"
                  r"|will not load any checkpoints|loading (?:distributed )?checkpoint from|saving checkpoint at"
-                 r"|iteration\s+\d+/\s*\d+ \||\[\d{4}-\d{2}-\d{2}[ T]\d)")  # a dated line is never a continuation
+                 r"|iteration\s+\d+/\s*\d+ \||\[\d{4}-\d{2}-\d{2}[ T]\d"
+                 # Rich's log handler leaves the time column blank within one second
+                 r"|\s{8,}(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s{2,}\S)")  # a dated line is never a continuation
 
 
 #: a frame line that lost its indentation (a paste outside a code block: markdown strips it)

@@ -51,6 +51,9 @@ _RICH_FRAME = r"^│ ((?:[A-Za-z]:)?\S+?):(\d+) in ([\w.<>]+)\s*│?\s*$"
 #: a path too long for the box: ``│ /path/to/accelerate_cli.py: │`` then ``│ 45 in main │``
 _RICH_PATH_ONLY = r"^│ ((?:[A-Za-z]:)?\S+?):\s*│?\s*$"
 _RICH_REST = r"^│ (\d+) in ([\w.<>]+)\s*│?\s*$"
+#: ... or its function: ``│ /path/accelerator.py:2957 in │`` then ``│ save_state │``
+_RICH_IN_ONLY = r"^│ ((?:[A-Za-z]:)?\S+?):(\d+) in\s*│?\s*$"
+_RICH_FUNC = r"^│ ([A-Za-z_<][\w.<>]*)\s*│?\s*$"
 
 
 _TB = "Traceback (most recent call last)"
@@ -113,6 +116,10 @@ def normalize(df: pl.DataFrame, *, by: str | None = None, text_col: str = "line"
         joined = pl.concat_str([pl.lit('  File "'), line.str.extract(_RICH_PATH_ONLY, 1), pl.lit('", line '),
                                 nxt.str.extract(_RICH_REST, 1), pl.lit(", in "), nxt.str.extract(_RICH_REST, 2)])
         rest_of_split = line.str.contains(_RICH_REST) & prev.str.contains(_RICH_PATH_ONLY).fill_null(False)
+        split_func = line.str.contains(_RICH_IN_ONLY) & nxt.str.contains(_RICH_FUNC).fill_null(False)
+        joined_func = pl.concat_str([pl.lit('  File "'), line.str.extract(_RICH_IN_ONLY, 1), pl.lit('", line '),
+                                     line.str.extract(_RICH_IN_ONLY, 2), pl.lit(", in "), nxt.str.extract(_RICH_FUNC, 1)])
+        func_of_split = line.str.contains(_RICH_FUNC) & prev.str.contains(_RICH_IN_ONLY).fill_null(False)
         in_rich = per_file(line.str.contains(_RICH_TOP).cum_max())
         out = out.with_columns(
             pl.when(line.str.contains(_RICH_TOP)).then(pl.lit("Traceback (most recent call last):"))
@@ -120,6 +127,8 @@ def normalize(df: pl.DataFrame, *, by: str | None = None, text_col: str = "line"
             .when(line.str.contains(_RICH_BOTTOM)).then(pl.lit(""))
             .when(split_path).then(joined)
             .when(rest_of_split).then(pl.lit(""))
+            .when(split_func).then(joined_func)
+            .when(func_of_split).then(pl.lit(""))
             .when(line.str.contains(_RICH_FRAME)).then(line.str.replace(_RICH_FRAME, '  File "$1", line $2, in $3'))
             .when(line.str.contains(_RICH_LINE)).then(pl.concat_str([pl.lit("    "), line.str.extract(_RICH_LINE, 1)
                                                                       .str.strip_chars()]))

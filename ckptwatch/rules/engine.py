@@ -141,7 +141,7 @@ class Frame:
 
 #: the function the innermost frame's code line calls: ``self._save_last_checkpoint(tra`` (a
 #: paste cut in the middle of it), ``torch.save(state, path)``, ``result = self.load(p)``
-_INNERMOST_CALL = (r'(?s)^.*\n[ \t]*File "[^"\n]*", line \d+,? in [^\n]+\n[ \t]+(?:[^\n(]*?[^\w.])?'
+_INNERMOST_CALL = (r'(?s)^.*\n[ \t]*File "([^"\n]*)", line \d+,? in [^\n]+\n[ \t]+(?:[^\n(]*?[^\w.])?'
                    r'(?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*)\s*\(')
 
 #: one frame line of a traceback: Python's (CPython traceback.py ``  File "{}", line {}, in {}``),
@@ -801,6 +801,9 @@ class RuleSet:
             masks |= {_FOLDED + k: v for k, v in _literal_masks(records["line"], folded, fold_case=True).items()}
         source_masks: dict[tuple[str, ...], pl.Series] = {}
         claimed = pl.Series("claimed", [False] * records.height, dtype=pl.Boolean)
+        # a traceback is never a save line, a progress line or a resume: the code lines it
+        # quotes (logger.info(f"Saving current state to {output_dir}")) are not log lines
+        traceback = records["line"].str.starts_with("Traceback (most recent call last)")
         parts: list[pl.DataFrame] = []
         for rule in self.rules:
             m = masks.get(_FOLDED + rule.prefilter.lower() if _folds_case(rule) else rule.prefilter)
@@ -811,6 +814,8 @@ class RuleSet:
                     source_masks[rule.sources] = records["source_kind"].is_in(list(rule.sources))
                 m = m & source_masks[rule.sources]
             m = m & ~claimed
+            if rule.event in _CONTEXT_KINDS:
+                m = m & ~traceback
             if not m.any():
                 continue
             cand = pool.filter(m)
@@ -928,8 +933,10 @@ def _innermost(lines: pl.Series, frames: list[Frame]) -> dict[int, str]:
              .explode("f").drop_nulls("f"))
     # the call the innermost frame was making (its code line: the raising statement, or in a
     # traceback cut before its next frame, the call into it) counts as one frame further in
-    calls = (pl.DataFrame({"c": lines.str.extract(_INNERMOST_CALL, 1)}).with_row_index("_r").drop_nulls("c")
-             .select("_r", pl.format('  File "<call>", line 0, in {}', pl.col("c")).alias("f")))
+    # (in the innermost frame's file: a call inside a library the vocabulary calls other stays other)
+    calls = (pl.DataFrame({"p": lines.str.extract(_INNERMOST_CALL, 1), "c": lines.str.extract(_INNERMOST_CALL, 2)})
+             .with_row_index("_r").drop_nulls("c")
+             .select("_r", pl.format('  File "{}", line 0, in {}', pl.col("p"), pl.col("c")).alias("f")))
     found = pl.concat([found, calls]).sort("_r", maintain_order=True)
     if found.is_empty():
         return {}
@@ -942,6 +949,10 @@ def _innermost(lines: pl.Series, frames: list[Frame]) -> dict[int, str]:
     last = found.group_by("_r", maintain_order=True).agg(pl.col("d").last())
     return {int(r): str(d) for r, d in last.iter_rows() if d in ("save", "load", "other")}
 
+
+#: what a line reports when nothing failed (a save, progress, a resume): never read from a traceback
+_CONTEXT_KINDS = frozenset({"save_start", "save_end", "load_start", "load_end", "resume", "metric", "job_end",
+                            "world_size"})
 
 #: a peer's report of a collective that failed: a rank waiting in a save's barrier is not the
 #: rank whose save failed, so only the packs' own frames (never the generic vocabulary) say
