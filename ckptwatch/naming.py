@@ -11,6 +11,7 @@ convention                  example                                             
 ``iter_NNNNNNN``            ``/ckpt/iter_0000040``                                Megatron-LM ``get_checkpoint_name``
 ``step=N`` / ``step-N``     ``epoch=0-step=20.ckpt``, ``checkpoint/step-400``     Lightning ``ModelCheckpoint``, NeMo, torchtitan
 ``step_N``, ``ckpt_step_N`` ``/ckpt/step_10``, ``ckpt_step_30.pt``                plain loops
+``checkpoint_E_N``          ``checkpoints/checkpoint_1_1000.pt``                  fairseq (epoch, updates)
 ``baN``                     ``ep0-ba100-rank0.pt``                                Composer ``save_filename``
 ==========================  ====================================================  ============================
 
@@ -27,8 +28,11 @@ import re
 
 #: One path component's step, by the conventions in the module docstring.
 STEP_IN_NAME = re.compile(
-    r"(?i)(?:^|[^a-z0-9])(?:checkpoint|ckpt|global_step|iter|iteration|step|steps|ba)[-_=]?0*(\d{1,12})(?!\d)"
+    r"(?i)(?:^|[^a-z0-9])(?:(?:checkpoint|ckpt)[-_=]|global_step|iter|iteration|step|steps|ba)[-_=]?0*(\d{1,12})(?!\d)"
 )
+#: fairseq's ``checkpoint_{epoch}_{updates}.pt`` (checkpoint_utils.save_checkpoint): the updates
+#: are the step; its ``checkpoint{epoch}.pt`` (no separator) names an epoch, no step
+FAIRSEQ_UPDATES = re.compile(r"(?i)(?:^|[^a-z0-9])checkpoint_\d+_(\d{1,12})(?!\d)")
 
 
 _RAY_INDEX = re.compile(r"checkpoint_\d{6}")
@@ -42,7 +46,7 @@ def step_from_path(path: str | None) -> int | None:
     for part in reversed(re.split(r"[/\\]+", path.strip().rstrip("/\\"))):
         if _RAY_INDEX.fullmatch(part):
             continue
-        m = STEP_IN_NAME.search(part)
+        m = FAIRSEQ_UPDATES.search(part) or STEP_IN_NAME.search(part)
         if m:
             return int(m.group(1))
     return None

@@ -176,3 +176,18 @@ def test_deaths_by_signal_in_ide_container_and_shell_words(tmp_path):
                       ("trainer_1 exited with code 139", "native_crash")):
         (tmp_path / "a.log").write_text(f"Step 1200: lr=3e-4\nSaving checkpoint...\n{line}\n")
         assert found(tmp_path / "a.log") == [("interrupted_save", 1200, cls)], line
+
+
+def test_incidents_with_no_job_step_or_path_of_two_pastes_get_two_ids(tmp_path):
+    """With nothing else to tell them apart (no job, step or path), the file they were read
+    from keeps two pastes' incidents from sharing one id in a database."""
+    ids = []
+    for name in ("a.log", "b.log"):
+        (tmp_path / name).write_text("OSError: Unable to open file (truncated file: eof = 9437184, sblock->base_addr = 0, "
+                                     "stored_eof = 10956472)\n")
+        incidents, _ = diagnose([str(tmp_path / name)])
+        assert [(i.kind, i.step, i.checkpoint_path) for i in incidents] == [("load_failure", None, None)]
+        ids.append(incidents[0].id)
+    assert ids[0] != ids[1]
+    again, _ = diagnose([str(tmp_path / "a.log")])
+    assert again[0].id == ids[0]  # the same input gives the same id

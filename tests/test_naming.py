@@ -21,6 +21,8 @@ from ckptwatch.naming import step_from_path
     ("/ckpt/step_10", 10), ("ckpt_step_30.pt", 30),                # plain loops
     ("/ckpt/run-17", None), ("/models/gpt-7b", None), ("/lustre/ckpt/gpt-1p3b", None),
     ("/mnt/exp/checkpoint_000003", None),                          # Ray v1: a report index
+    ("checkpoints/checkpoint_1_1000.pt", 1000),                    # fairseq: epoch 1, 1000 updates
+    ("checkpoints/big_wmt/checkpoint5.pt", None),                  # fairseq: epoch 5, no step
     ("/output/llama/epoch_0", None),                               # torchtune: an epoch
     ("bf16_zero_pp_rank_3_mp_rank_00_optim_states.pt", None),      # a rank, not a step
 ])

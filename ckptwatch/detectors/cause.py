@@ -181,6 +181,8 @@ def attribute(failures: list[Ev], state: JobState, expected: set[int],
         first = hard[0]
         earlier = [h for h in hard if h[0] == first[0] and h[2].source_id == first[2].source_id
                    and h[2].offset < first[2].offset]
+        earlier = [h for h in earlier if h[3] in ("native_crash", "cuda_oom", "host_memory", "gpu_xid", "signal",
+                                                  "oom_kill", "node_lost")]
         if earlier and first[3] in ("storage_error", "exception"):
             hard.insert(0, hard.pop(hard.index(min(earlier, key=lambda h: h[2].offset))))
         ts, _, ev, cls, rank, sig = hard[0]

@@ -128,7 +128,11 @@ class Incident:
 
     def __post_init__(self) -> None:
         if not self.id:
-            self.id = incident_id(self.job, self.kind, self.step, self.checkpoint_path)
+            where = self.checkpoint_path
+            if where is None and self.step is None and self.job in (None, "unknown") and self.evidence:
+                # no job, step or path to tell two pastes' incidents apart: the file they were read from
+                where = "@" + min(e.source_id for e in self.evidence)
+            self.id = incident_id(self.job, self.kind, self.step, where)
         if not self.severity:
             self.severity = DEFAULT_SEVERITY.get(self.kind, "error")
 
