@@ -89,18 +89,23 @@ def main() -> int:
             tot[k] += v
     table.append(["all", tot["cases"], tot["clean"], tot["exp"], _pct(tot["found"], tot["exp"]),
                   _pct(tot["exact"], tot["exp"]), tot["fc"], tot["fa"]])
-    if args.markdown:
+    _print_table(header, table, markdown=args.markdown)
+    print(f"\n{tot['cases']} cases ({len(cases)} diagnoses) in {took:.1f} s; targets: recall >= 95 %, "
+          "cause + rank >= 90 %, false (clean) = 0\n")
+    return wild(args)
+
+
+def _print_table(header: list[str], table: list[list], *, markdown: bool) -> None:
+    """``table`` under ``header``, as Markdown or as aligned columns."""
+    if markdown:
         print("| " + " | ".join(header) + " |")
         print("|" + "---|" * len(header))
         for r in table:
             print("| " + " | ".join(str(x) for x in r) + " |")
-    else:
-        widths = [max(len(str(r[i])) for r in [header, *table]) for i in range(len(header))]
-        for r in [header, *table]:
-            print("  ".join(str(x).rjust(w) if i else str(x).ljust(w) for i, (x, w) in enumerate(zip(r, widths))))
-    print(f"\n{tot['cases']} cases ({len(cases)} diagnoses) in {took:.1f} s; targets: recall >= 95 %, "
-          "cause + rank >= 90 %, false (clean) = 0\n")
-    return wild(args)
+        return
+    widths = [max(len(str(r[i])) for r in [header, *table]) for i in range(len(header))]
+    for r in [header, *table]:
+        print("  ".join(str(x).rjust(w) if i else str(x).ljust(w) for i, (x, w) in enumerate(zip(r, widths))))
 
 
 def _wild_scores(cases, scopes) -> list:
@@ -151,15 +156,7 @@ def wild(args: argparse.Namespace) -> int:
             g = _cells(gen)
             row += _cells(full) + [g[3], g[5]]
         table.append(row)
-    if args.markdown:
-        print("| " + " | ".join(header) + " |")
-        print("|" + "---|" * len(header))
-        for r in table:
-            print("| " + " | ".join(str(x) for x in r) + " |")
-    else:
-        widths = [max(len(str(r[i])) for r in [header, *table]) for i in range(len(header))]
-        for r in [header, *table]:
-            print("  ".join(str(x).rjust(w) if i else str(x).ljust(w) for i, (x, w) in enumerate(zip(r, widths))))
+    _print_table(header, table, markdown=args.markdown)
     frameworks = {c.framework for c in cases}
     print(f"\n{len(cases)} wild cases from {len(frameworks)} frameworks and stacks, "
           f"{sum(1 for c in cases if not c.case.incidents)} clean, in {took:.1f} s; targets: dev recall >= 95 %, "
