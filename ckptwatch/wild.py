@@ -29,6 +29,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,6 +78,18 @@ def split_of(address: str) -> str:
     """``"heldback"`` for a third of threads, ``"dev"`` for the rest: the first 32 bits of
     the SHA-256 of :func:`thread_key`, modulo 3, are 0 for the held-back third."""
     return "heldback" if int(_sha(thread_key(address))[:8], 16) % 3 == 0 else "dev"
+
+
+def shared_dir(root: Path) -> Path:
+    """Where the steering repository's ``shared/`` is: ``$CKPTWATCH_SHARED``, else beside the
+    checkout (``root/../shared``, as a session and CI lay it), else ``/work/shared``; the
+    first that holds ``holdout/excluded-threads.sha256`` (the one beside the checkout when
+    none does)."""
+
+
+    candidates = [Path(p) for p in (os.environ.get("CKPTWATCH_SHARED"),) if p]
+    candidates += [root.parent / "shared", Path("/work/shared")]
+    return next((c for c in candidates if (c / "holdout" / "excluded-threads.sha256").is_file()), root.parent / "shared")
 
 
 def reserved_digests(shared: Path) -> frozenset[str]:

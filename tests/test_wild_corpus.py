@@ -17,10 +17,10 @@ import pytest
 
 from ckptwatch.groundtruth import score
 from ckptwatch.pipeline import diagnose
-from ckptwatch.wild import load_wild_cases, reserved, reserved_digests, split_of, thread_key
+from ckptwatch.wild import load_wild_cases, reserved, reserved_digests, shared_dir, split_of, thread_key
 
 ROOT = Path(__file__).resolve().parent.parent
-SHARED = ROOT.parent / "shared"
+SHARED = shared_dir(ROOT)
 CASES = load_wild_cases(ROOT)
 DEV = [c for c in CASES if c.split == "dev"]
 

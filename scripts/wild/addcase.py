@@ -25,9 +25,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from ckptwatch.wild import SPLITS, read_spec, reserved, reserved_digests, spec_problems, split_of, thread_key  # noqa: E402
+from ckptwatch.wild import (  # noqa: E402
+    SPLITS, read_spec, reserved, reserved_digests, shared_dir, spec_problems, split_of, thread_key)
 
-SHARED = ROOT.parent / "shared"
+SHARED = shared_dir(ROOT)
 WILD = ROOT / "tests" / "wild"
 
 
