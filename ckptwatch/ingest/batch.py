@@ -185,7 +185,7 @@ _WRAPPED_ANCHOR = r'\S[^\n]*?(?:Traceback \(most recent call last\)|\sFile "[^"\
 
 def _learn_outer(reads: Sequence[Read], raw: pl.DataFrame) -> None:
     """Learn the wrappers nobody registered (:func:`prefix.learn_outer`) of the files whose
-    new lines show a traceback or a rank label behind something else, once per file."""
+    new lines show a traceback or a rank label behind something else, until one is learned."""
     # a file labelled by a registered launcher (pdsh, srun, a template) is read by its labels
     want = [i for i, r in enumerate(reads) if r.count and r.tail.layout is not None and not r.tail.layout.outer
             and not prefix.labelled(r.tail.layout) and not r.tail.layout.template]
@@ -194,7 +194,7 @@ def _learn_outer(reads: Sequence[Read], raw: pl.DataFrame) -> None:
     cand = raw.filter(pl.col("_t").is_in(want))
     for i in _files_with(cand.filter(pl.col("line").str.contains_any(["Traceback", 'File "', "]:"])),
                          _WRAPPED_ANCHOR, literal=False):
-        learned = prefix.learn_outer(_listed(reads[i].texts()))
+        learned = prefix.learn_outer(cand.filter(pl.col("_t") == i)["line"])
         if learned:
             reads[i].tail.layout = dataclasses.replace(reads[i].tail.layout, outer=learned)
 
@@ -320,35 +320,37 @@ def _dated(records: pl.DataFrame, held: pl.DataFrame, *, carry: dict[str, dt.dat
     lines; without them it took a time 8 s older, as no single read of the file would). A
     wrapper learned from the file (:attr:`prefix.PrefixLayout.outer`: a container runtime's
     time) dates the record as if it were still in front of the line."""
+    text = "line"  # what the time is read from
     if "prefix_outer" in records.columns and records["prefix_outer"].is_not_null().any():
-        records = records.with_columns(
-            pl.concat_str([pl.col("prefix_outer").fill_null(""), pl.col("line")]).alias("_time_text"))
-        if "prefix_outer" in held.columns and "line" in held.columns:
-            held = held.with_columns(pl.concat_str([pl.col("prefix_outer").fill_null(""), pl.col("line")]).alias("line"))
-        out = _dated(records.drop("prefix_outer").rename({"line": "_line", "_time_text": "line"}), held, carry=carry,
-                     boot_time=boot_time, now=now)
-        return out.drop("line").rename({"_line": "line"})
-    if held.is_empty() or "offset" not in held.columns:
-        return timestamps.add_event_time(records, carry=carry, boot_time=boot_time, now=now, mtime_col="_mtime",
-                                         file_col="_t", file_carry_col="_fcarry")
-    context = (held.select("_t", "offset", "line")
+        text = "_time_text"
+        in_front = pl.concat_str([pl.col("prefix_outer").fill_null(""), pl.col("line")]).alias(text)
+        records = records.with_columns(in_front)
+        if {"prefix_outer", "line"} <= set(held.columns):
+            held = held.with_columns(in_front)
+        elif "line" in held.columns:
+            held = held.with_columns(pl.col("line").alias(text))
+    helpers = [text] if text != "line" else []
+    if held.is_empty() or "offset" not in held.columns or text not in held.columns:
+        return timestamps.add_event_time(records, text_col=text, carry=carry, boot_time=boot_time, now=now,
+                                         mtime_col="_mtime", file_col="_t", file_carry_col="_fcarry").drop(helpers)
+    context = (held.select("_t", "offset", text)
                .join(records.select("_t", "_mtime", "_fcarry").unique("_t"), on="_t", how="inner")
                .with_columns(pl.format("\x00held:{}", pl.col("offset")).alias("stream_key"),  # a stream of its own
                              pl.lit(True).alias("_context")))
     if context.is_empty():
-        return timestamps.add_event_time(records, carry=carry, boot_time=boot_time, now=now, mtime_col="_mtime",
-                                         file_col="_t", file_carry_col="_fcarry")
+        return timestamps.add_event_time(records, text_col=text, carry=carry, boot_time=boot_time, now=now,
+                                         mtime_col="_mtime", file_col="_t", file_carry_col="_fcarry").drop(helpers)
     # dated on the few columns it reads (the records' others would be copied by the concat
     # and the sort), then put back beside the records by row number
-    cols = ["_t", "offset", "line", "stream_key", "_mtime", "_fcarry"]
+    cols = ["_t", "offset", text, "stream_key", "_mtime", "_fcarry"]
     narrow = records.select(cols).with_columns(pl.lit(False).alias("_context"),
                                                pl.int_range(pl.len(), dtype=pl.UInt32).alias("_row"))
     both = pl.concat([narrow, context.select(*cols, "_context")], how="diagonal_relaxed")
-    dated = timestamps.add_event_time(both.sort("_t", "offset", maintain_order=True), carry=carry,
+    dated = timestamps.add_event_time(both.sort("_t", "offset", maintain_order=True), text_col=text, carry=carry,
                                       boot_time=boot_time, now=now, mtime_col="_mtime", file_col="_t",
                                       file_carry_col="_fcarry")
     times = dated.filter(~pl.col("_context")).sort("_row").drop(*cols, "_context", "_row")
-    return records.hstack(times)
+    return records.hstack(times).drop(helpers)
 
 
 def _learn_times(tails: Sequence[FileTail], records: pl.DataFrame, *, count_uptime: bool) -> None:

@@ -178,34 +178,33 @@ def _without_known_labels(pre: str) -> str:
     return pre
 
 
-def learn_outer(lines: list[str]) -> tuple[str, ...]:
+def learn_outer(lines: list[str] | pl.Series) -> tuple[str, ...]:
     """Prefixes nobody registered, from a file's own lines: where a traceback's header, a
     frame line or a rank label (:data:`_ANCHOR`) does not start its line, what comes before
     it is a wrapper (a CI runner's ``9-task-1-0/0 ``, ``srun --output``'s ``host:0 out: ``,
     a container runtime's ``<time> stdout F ``, Docker Compose's ``trainer_1  | ``). The part
     up to a label :func:`split_prefixes` knows (``[default0]:``) is cut off that label; its
     shape (:func:`_shape`: digits generalized) is kept when at least :data:`MIN_SUPPORT`
-    lines of the file start with it. A first line cut inside a label (``rank0]:``) is one too.
-    Returns anchored regexes, most lines first; empty when nothing is learned."""
-    sample = lines[:LEARN_LINES]
-    shapes: dict[str, int] = {}
-    for ln in sample:
+    of the first :data:`LEARN_LINES` lines start with it. A first line cut inside a label
+    (``rank0]:``) is one too. Returns anchored regexes, most lines first; empty when nothing
+    is learned. Only the lines that hold an anchor's literal are looked at one by one; the
+    shapes are counted over the sample in one pass each."""
+    sample = (lines if isinstance(lines, pl.Series) else pl.Series(lines, dtype=pl.Utf8)).head(LEARN_LINES)
+    if sample.is_empty():
+        return ()
+    first = sample[0] or ""
+    anchored = sample.filter(sample.str.contains_any(["Traceback (most recent call last)", 'File "', "]:"]))
+    shapes: set[str] = set()
+    for ln in anchored.to_list():
         m = _ANCHOR.search(ln)
         if m is None or m.start() == 0:
             continue
         outer = _without_known_labels(ln[:m.start()].rstrip())
-        if not outer or len(outer) > 96 or _NOT_OUTER.search(outer):
-            continue
-        shapes.setdefault(_shape(outer), 0)
-    if not shapes:
-        return (_CUT_LABEL,) if sample and re.match(_CUT_LABEL, sample[0]) else ()
-    compiled = {s: re.compile(s) for s in shapes}
-    for ln in sample:
-        for s, rx in compiled.items():
-            if rx.match(ln):
-                shapes[s] += 1
-    kept = sorted((s for s, n in shapes.items() if n >= MIN_SUPPORT), key=lambda s: (-shapes[s], s))
-    if sample and re.match(_CUT_LABEL, sample[0]) and not any(compiled[s].match(sample[0]) for s in kept):
+        if outer and len(outer) <= 96 and not _NOT_OUTER.search(outer):
+            shapes.add(_shape(outer))
+    support = {s: int(sample.str.contains(s).sum()) for s in shapes}
+    kept = sorted((s for s, n in support.items() if n >= MIN_SUPPORT), key=lambda s: (-support[s], s))
+    if re.match(_CUT_LABEL, first) and not any(re.match(s, first) for s in kept):
         kept.append(_CUT_LABEL)
     return tuple(kept)
 
