@@ -44,12 +44,24 @@ def test_an_ipython_traceback_is_read_as_cpythons():
         "save_directory)",
         "-> 1298 unsloth_save_model(**arguments)"]})
     assert normalize(df)["line"].to_list() == [
-        "Traceback (most recent call last):",
+        "Traceback (most recent call last): (OutOfMemoryError)",
         '  File "<cell 21>", line 2, in <module>',
         "    2 model.save_pretrained_merged(new_model_local, tokenizer, save_method=\"merged_16bit\")",
         '  File "/usr/local/lib/python3.10/dist-packages/unsloth/save.py", line 1298, in unsloth_save_pretrained_merged',
         "    1298 unsloth_save_model(**arguments)"]
     assert found(WILD / "finetune-unsloth-2193" / "logs") == [("interrupted_save", None, "cuda_oom")]
+
+
+def test_a_notebook_traceback_cut_before_its_exception_line_is_classed_by_its_header():
+    """IPython names the exception above the frames: unsloth's merged save (the paste stops
+    inside the traceback) raised OutOfMemoryError; GLAMOUR's early-stopping torch.save raised
+    PermissionError on its .pth path, a storage failure. A CPython traceback cut the same way
+    names nothing, and stays unknown."""
+    assert found(WILD / "finetune-unsloth-1667" / "logs") == [("interrupted_save", None, "cuda_oom")]
+    assert found(WILD / "torch-glamour-3" / "logs") == [("storage_failure_during_save", None, "storage_error")]
+    incidents, _ = diagnose([str(WILD / "torch-glamour-3" / "logs")])
+    assert "header names PermissionError" in incidents[0].root_cause.note
+    assert found(WILD / "megatron-speech-12203" / "logs")[0][2] == "unknown"
 
 
 def test_a_colab_traceback_with_hidden_frames_is_read_as_cpythons():
@@ -191,3 +203,68 @@ def test_incidents_with_no_job_step_or_path_of_two_pastes_get_two_ids(tmp_path):
     assert ids[0] != ids[1]
     again, _ = diagnose([str(tmp_path / "a.log")])
     assert again[0].id == ids[0]  # the same input gives the same id
+
+
+def test_a_record_glued_behind_a_progress_bar_gets_its_own_line():
+    """tqdm redraws with a carriage return, which a paste loses: torchrun's glog line then
+    starts right after the bar's ``]``. Split there, the bar keeps its step and the line its
+    level, time and pid."""
+    from ckptwatch.ingest.glued import split_glued
+    bar = "  5%|▍         | 200/4443 [11:11:27<255:23:04, 216.68s/it]"
+    rec = "W0613 07:54:19.850000 180275 site-packages/torch/distributed/elastic/multiprocessing/api.py:897] Sending"
+    df = pl.DataFrame({"offset": [10], "line": [bar + rec]})
+    assert split_glued(df).rows() == [(10, bar), (10 + len((bar).encode()), rec)]
+    untouched = pl.DataFrame({"offset": [0], "line": ["Epoch 1: 100%|██| 163/163 [18:20<00:00, 6.75s/it, loss=0.98]"]})
+    assert split_glued(untouched).equals(untouched)
+
+
+def test_a_death_at_a_save_point_of_a_job_that_logs_no_save_line_is_a_presumed_save():
+    """HF Trainer logs its save at INFO, hidden by default: trl's GRPO run killed (-9) with
+    the bar on step 200 (a save_steps multiple), Lightning killed when an epoch's bar
+    completed, ms-swift SIGTERMed after its last train and eval bars. The incident's save
+    line is the progress line, marked presumed."""
+    assert found(WILD / "hf-open-r1-675" / "logs") == [("interrupted_save", 200, "signal")]
+    assert found(WILD / "lightning-colossalai-2398" / "logs") == [("interrupted_save", 325, "signal")]
+    assert found(WILD / "finetune-ms-swift-8193" / "logs") == [("interrupted_save", 7, "signal")]
+    incidents, _ = diagnose([str(WILD / "hf-open-r1-675" / "logs")])
+    save_lines = [e for e in incidents[0].evidence if e.role == "save"]
+    assert [e.line.strip()[:23] for e in save_lines] == ["5%|▍         | 200/4443"]
+    assert incidents[0].root_cause.rank == 3
+
+
+def test_a_death_elsewhere_or_a_scheduler_stop_presumes_no_save(tmp_path):
+    bar = "Train:  12%|█▏        | {n}/300 [01:02<05:10,  1.20s/it]"
+    for n, last, want in ((37, "Killed", []), (150, "Killed", [("interrupted_save", 150, "signal")]),
+                          (150, "slurmstepd: error: *** JOB 77 ON node1 CANCELLED AT 2024-01-01T00:00:00 DUE TO "
+                                "TIME LIMIT ***", [])):
+        log = tmp_path / f"{n}-{len(last)}.log"
+        log.write_text("\n".join([bar.format(n=i) for i in range(n - 2, n + 1)] + [last]) + "\n")
+        assert found(log) == want, (n, last)
+    # a job that logs its saves would have logged this one
+    log = tmp_path / "logged.log"
+    log.write_text("\n".join(["Saving model checkpoint to out/checkpoint-100", bar.format(n=100),
+                              bar.format(n=150), "Killed"]) + "\n")
+    assert found(log) == []
+
+
+def test_rays_worker_prefix_with_an_ipv6_address_and_a_pasted_indent_is_read():
+    """verl's FSDP save_checkpoint raising inside a Ray actor, pasted indented."""
+    lines = records(WILD / "rl-verl-4799" / "logs")
+    assert lines[0].startswith('  File "/opt/tiger/open_verl/verl/single_controller/base/decorator.py", line 456, in inner\n')
+    assert "WorkerDict" not in "".join(lines)
+    assert found(WILD / "rl-verl-4799" / "logs") == [("interrupted_save", None, "unknown")]
+
+
+def test_the_save_codes_own_rename_race_is_an_exception_not_a_storage_failure():
+    """transformers' _save_checkpoint renaming tmp-checkpoint-* onto checkpoint-100 from
+    several ranks: ENOTEMPTY, in a traceback or pasted as its one line."""
+    assert found(WILD / "finetune-ms-swift-3031" / "logs") == [("interrupted_save", 100, "exception")]
+    assert found(WILD / "hf-trl-2928" / "logs") == [("interrupted_save", 100, "exception")]
+
+
+def test_a_failure_logged_without_its_traceback_fails_the_open_save():
+    """Keras' h5py 'Unable to create file' for the file ModelCheckpoint was saving; OLMo's
+    excepthook logging 'Uncaught AssertionError' after 'Saving final checkpoint...'."""
+    assert found(WILD / "tf-automatic-modulation-rec-1" / "logs") == [
+        ("storage_failure_during_save", None, "storage_error")]
+    assert found(WILD / "torch-olmo-664" / "logs") == [("interrupted_save", None, "exception")]

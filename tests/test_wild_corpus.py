@@ -80,13 +80,13 @@ def dev_scores():
 
 
 def test_dev_figures_stay_above_their_floor(dev_scores):
-    """The floor is the figure this corpus was first measured at with the generic layer
-    (benchmarks/README.md); it only moves up."""
+    """The floor is the figure the dev split was last measured at (benchmarks/README.md),
+    rounded down; it moves up with the rules, and is re-measured when new cases join."""
     expected = sum(s.expected for _, s in dev_scores)
     found = sum(s.found for _, s in dev_scores)
     exact = sum(s.exact for _, s in dev_scores)
     false_clean = sum(s.false for c, s in dev_scores if not c.case.incidents)
     false_all = sum(s.false for _, s in dev_scores)
-    assert found / expected >= 0.72, (found, expected)
+    assert found / expected >= 0.75, (found, expected)
     assert exact / expected >= 0.65, (exact, expected)
-    assert false_clean <= 1 and false_all <= 7, (false_clean, false_all)
+    assert false_clean <= 1 and false_all <= 5, (false_clean, false_all)

@@ -81,6 +81,15 @@ _SENDERS = {"scheduler_time_limit": "the scheduler (time limit)", "scheduler_pre
 NATIVE_SIGNALS = frozenset({"SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE"})
 #: Signals torchrun's agent sends when tearing a worker group down.
 AGENT_SIGNALS = {"SIGTERM", "SIGKILL", "SIGINT", "SIGHUP", "SIGQUIT"}
+#: The class of a traceback cut before its exception line whose header still names the
+#: exception (IPython's ``OutOfMemoryError   Traceback (most recent call last)``): errors of
+#: memory and of the file system say the cause by their name alone; any other name is the save
+#: code's own exception.
+CUT_EXCEPTION_CLASSES = {
+    "OutOfMemoryError": "cuda_oom", "MemoryError": "host_memory",
+    **dict.fromkeys(("OSError", "IOError", "PermissionError", "FileNotFoundError", "IsADirectoryError",
+                     "NotADirectoryError", "FileExistsError", "BlockingIOError"), "storage_error"),
+}
 
 
 @dataclass
@@ -150,7 +159,7 @@ def attribute(failures: list[Ev], state: JobState, expected: set[int],
         elif e.kind in ("cuda_oom", "gpu_xid", "storage_error", "node_lost", "host_memory", "native_crash"):
             hard.append((e.ts, _HARD_ORDER[e.kind], e, e.kind, rank, e.attrs.get("signal") or None))
         elif e.kind == "exception":  # a traceback through save / load code; cut before its last line: unknown
-            cls = "unknown" if e.attrs.get("cut") else "exception"
+            cls = _cut_class(e) if e.attrs.get("cut") else "exception"
             hard.append((e.ts, _HARD_ORDER[cls], e, cls, rank, None))
         elif e.kind == "job_signal":
             if first_other is not None and first_other.ts < e.ts:
@@ -317,7 +326,19 @@ def _lost_peer(errors: list[Ev], state: JobState, reporters: set[int]) -> tuple[
     return None
 
 
+def _cut_class(e: Ev) -> str:
+    """The class of a traceback cut before its exception line: from the exception its header
+    names (:data:`CUT_EXCEPTION_CLASSES`, ``exception`` for another name), else ``unknown``."""
+    name = str(e.attrs.get("exception") or "")
+    if not name:
+        return "unknown"
+    return CUT_EXCEPTION_CLASSES.get(name.rsplit(".", 1)[-1], "exception")
+
+
 def _hard_note(cls: str, sig: str | None, sender: str | None, ev: Ev) -> str:
+    if ev.kind == "exception" and ev.attrs.get("cut") and ev.attrs.get("exception"):
+        return (f"the traceback is cut off before its exception line; its header names "
+                f"{ev.attrs.get('exception')}, whose message is not in the paste")
     if cls == "signal" and sender:
         return f"{sig or 'a signal'} sent by {_SENDERS.get(sender, sender)}"
     if cls == "signal":

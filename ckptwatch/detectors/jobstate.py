@@ -278,6 +278,11 @@ class RankProgress:
             i += 1
         return i
 
+    def last_before(self, key: tuple) -> int | None:
+        """The index of the latest kept line before ``key``, or None."""
+        i = self._index(key)
+        return i - 1 if i else None
+
     def last_step_before(self, key: tuple) -> tuple[tuple, int] | None:
         """``(key, step)`` of the latest line with a step before ``key``, or None."""
         i = self._index(key)

@@ -74,8 +74,9 @@ def _cause_advice(root: RootCause | None) -> str:
 
 
 def for_save(kind: str, step: int | None, path: str | None, root: RootCause | None,
-             last_good: dict | None) -> str:
-    """What to do about an interrupted / partial / stalled save, concretely."""
+             last_good: dict | None, *, presumed: bool = False) -> str:
+    """What to do about an interrupted / partial / stalled save, concretely. ``presumed``:
+    no line of the logs announced the save (:mod:`ckptwatch.detectors.save_points`)."""
     if last_good:
         resume = (f"Resume from the last good checkpoint, {_where(last_good.get('path'), last_good['step'])}; "
                   f"pass it explicitly (do not rely on 'latest' discovery).")
@@ -83,6 +84,10 @@ def for_save(kind: str, step: int | None, path: str | None, root: RootCause | No
         resume = "No complete earlier checkpoint of this job was seen: restart from scratch or from a verified external checkpoint."
     bad = (f"Do not resume from {_where(path, step)}: not every rank finished writing it. Move it aside "
            "(e.g. rename with a .partial suffix) so that 'newest checkpoint' logic cannot pick it up.")
+    if presumed:
+        bad = (f"If a checkpoint of {_where(path, step)} exists, it was most likely being written when the job "
+               "died: verify it (ckptwatch verify PATH) or move it aside before resuming; the logs do not say "
+               "that the save began, only that the job died where it saves.")
     if kind == "stalled_save":
         bad = (f"The save of {_where(path, step)} started but has not finished past the deadline: check the "
                "ranks that have not finished (py-spy dump, storage health). Until it finishes, it is not a "

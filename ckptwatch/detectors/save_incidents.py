@@ -159,7 +159,7 @@ def _incident(kind: str, state: JobState, s: SaveState, root, collateral: list[i
     return Incident(
         kind=kind, job=state.job, step=step, checkpoint_path=s.path, root_cause=root, collateral=collateral,
         checkpoint_state=s.state_dict(), last_good_checkpoint=last_good,
-        remediation=remediation.for_save(kind, step, s.path, root, last_good), first_ts=first_ts,
+        remediation=remediation.for_save(kind, step, s.path, root, last_good, presumed=s.presumed), first_ts=first_ts,
         evidence=state.evidence(items),
     )
 

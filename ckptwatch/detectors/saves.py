@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 
 from ckptwatch.detectors.events import FAILURE_KINDS, Ev
 from ckptwatch.detectors.jobstate import NO_STEP, JobState, ev_key as _key
+from ckptwatch.detectors.save_points import presumed_saves
 
 _SAVE_KINDS = ("save_start", "save_end", "save_error")
 #: a load of the step just saved, in the saving file, this soon after the save began is the
@@ -77,9 +78,17 @@ class SaveState:
     def missing(self) -> list[int]:
         return sorted(self.expected - self.done_ranks)
 
+    @property
+    def presumed(self) -> bool:
+        """No line of the logs says this save began: it is presumed from where the job died
+        (:mod:`.save_points`)."""
+        return any(e.attrs.get("presumed") for e in self.started.values())
+
     def state_dict(self) -> dict[str, object]:
-        """The ``checkpoint_state`` of an incident: which ranks' shards are known written."""
+        """The ``checkpoint_state`` of an incident: which ranks' shards are known written
+        (and ``presumed: True`` for a save no line of the logs announced)."""
         return {
+            **({"presumed": True} if self.presumed else {}),
             "expected_ranks": sorted(self.expected),
             "finished": sorted(self.finished),
             "finished_implicitly": sorted(set(self.implicit) - set(self.finished)),
@@ -126,6 +135,9 @@ def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
     kept under a negative key (its ``step`` is the step)."""
     saves: dict[int, SaveState] = {}
     progress = state.progress_by_rank
+    presumed = presumed_saves(state, events)  # a job that logs no save line, killed where trainers save
+    if presumed:
+        events = sorted([*events, *presumed], key=_key)
     failures: list[Ev] = []  # job failures, in time order
     ends: list[Ev] = []  # the trainer said training finished
     started_step: dict[int, tuple[tuple, int]] = {}  # rank -> (key, step) of its latest save line with a step

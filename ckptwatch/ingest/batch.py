@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import polars as pl
 
 from ckptwatch.frames import detached
-from ckptwatch.ingest import multiline, prefix, timestamps, tracebacks
+from ckptwatch.ingest import glued, multiline, prefix, timestamps, tracebacks
 from ckptwatch.schema import RECORD_SCHEMA, TS
 
 if TYPE_CHECKING:
@@ -154,6 +154,7 @@ def _split(reads: Sequence[Read]) -> pl.DataFrame:
             _sniff(reads[i].tail, reads[i].texts(), candidates=i in labelled)
     if raw.is_empty():
         return raw.with_columns(stream_key=pl.lit(None, dtype=pl.Utf8))
+    raw = glued.split_glued(raw, by="_t")  # a record pasted behind a progress bar (its \r lost)
     _learn_outer(reads, raw)
     raw = multiline.unwrap(raw, by="_t")
     # a file whose agent runs a node whose local ranks are not the global ones: a lone

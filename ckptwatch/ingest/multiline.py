@@ -83,7 +83,7 @@ def continues_previous(line: pl.Expr, prev: pl.Expr, prev2: pl.Expr | None = Non
 #: how a line that starts a record of its own begins (a time, a label, a bracket, a traceback);
 #: srun --label pads task ids to the widest one (`` 0: `` among 16 tasks: Slurm's step I/O
 #: ``_build_label``, format ``"%*d: "``), so a label may start with spaces
-_STARTS_RECORD = (r"^(?:\[|\(|\{|\d{4}-\d{2}-\d{2}|\d{1,2}/\d{1,2}/\d{4}|[IWEF]\d{3,4} |Traceback"
+_STARTS_RECORD = (r"^(?: *\[| *\(|\{|\d{4}-\d{2}-\d{2}|\d{1,2}/\d{1,2}/\d{4}|[IWEF]\d{3,4} |Traceback"
                   r"|[A-Z][a-z]{2} +\d|[A-Za-z0-9][\w.-]*(?::\d+)?: | +\d+: )")
 
 

@@ -73,7 +73,7 @@ OMPI_RE = r"^\[\d+,(?P<task>\d{1,6})\]<(?:stdout|stderr)>: ?"
 #: ``kubectl logs --prefix`` (kubectl pkg/cmd/logs/logs.go ``addPrefixIfNeeded``: ``"[pod/%s/%s] "``,
 #: the pod's and the container's names): the outermost prefix, read first; the pod is the host
 KUBECTL_RE = r"^\[pod/(?P<pod>[^/\]\s]+)/[^\]\s]*\] "
-RAY_RE = r"^\((?P<actor>[A-Za-z_][\w.]*) pid=(?P<pid>\d+)(?:, ip=(?P<ip>[0-9A-Fa-f.:]+))?\) "
+RAY_RE = r"^ *\((?P<actor>[A-Za-z_][\w.]*) pid=(?P<pid>\d+)(?:, ip=\[?(?P<ip>[0-9A-Fa-f.:]+)\]?)?\) "
 TEE_RE = r"^\[(?P<role>[A-Za-z_][A-Za-z_-]*?)(?P<local_rank>\d+)\]:"
 RANK_RE = r"^\[rank(?P<rank>\d+)\]:[ ]?"
 DOUBLE_RANK_RE = r"^\[rank(?P<local>\d+)\]:\[rank(?P<rank>\d+)\]:"

@@ -17,7 +17,10 @@ them is rewritten in place (offsets kept), before grouping:
   ``╭──── Traceback (most recent call last) ────╮`` of ``│ /path/file.py:281 in save_file │``
   lines, a long path broken over two box lines).
 
-A frame whose line number the rendering does not give becomes ``line 0``. A traceback's
+IPython's header names the exception before the frames; a paste cut before the exception
+line still shows it, so the header keeps it: ``Traceback (most recent call last):
+(OutOfMemoryError)`` (the shape of DCP's ``(RANK n)`` sub-headers). A frame whose line
+number the rendering does not give becomes ``line 0``. A traceback's
 header written behind other text on its line (``Saving checkpoint... Traceback (most recent
 call last):``: a ``print(..., end="")``, a progress bar updated in place) starts a line of
 its own, at the byte offset where it begins in the line. The rewritten
@@ -29,7 +32,7 @@ from __future__ import annotations
 import polars as pl
 
 #: IPython's header: the exception's name, padding, then the usual words (no colon)
-_IPY_HEADER = r"^[A-Za-z_][\w.]*\s{2,}Traceback \(most recent call last\)\s*$"
+_IPY_HEADER = r"^([A-Za-z_][\w.]*)\s{2,}Traceback \(most recent call last\)\s*$"
 _IPY_CELL = r"^Cell In ?\[(\d+)\], line (\d+)\s*$"
 #: IPython 8: ``File <path>:<n>, in <func>(<args>)`` (no quotes: CPython's has them)
 _IPY_FILE = r"^File ([^\"\s][^\n]*?):(\d+), in ([^(\n]+?)\s*(?:\(.*)?$"
@@ -101,7 +104,7 @@ def normalize(df: pl.DataFrame, *, by: str | None = None, text_col: str = "line"
     if marks["ipy"]:
         in_ipy = per_file(line.str.contains(_IPY_MARK).any())
         out = out.with_columns(
-            pl.when(line.str.contains(_IPY_HEADER)).then(pl.lit("Traceback (most recent call last):"))
+            pl.when(line.str.contains(_IPY_HEADER)).then(line.str.replace(_IPY_HEADER, "Traceback (most recent call last): ($1)"))
             .when(line.str.contains(_IPY_CELL)).then(line.str.replace(_IPY_CELL, '  File "<cell $1>", line $2, in <module>'))
             .when(line.str.contains(_IPY_FILE)).then(line.str.replace(_IPY_FILE, '  File "$1", line $2, in $3'))
             .when(in_ipy & line.str.contains(_IPY7_FILE)).then(line.str.replace(_IPY7_FILE, '  File "$1", line 0, in $2'))

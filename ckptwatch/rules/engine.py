@@ -936,7 +936,7 @@ def _innermost(lines: pl.Series, frames: list[Frame]) -> dict[int, str]:
     # (in the innermost frame's file: a call inside a library the vocabulary calls other stays other)
     calls = (pl.DataFrame({"p": lines.str.extract(_INNERMOST_CALL, 1), "c": lines.str.extract(_INNERMOST_CALL, 2)})
              .with_row_index("_r").drop_nulls("c")
-             .select("_r", pl.format('  File "{}", line 0, in {}', pl.col("p"), pl.col("c")).alias("f")))
+             .select("_r", pl.format('  File "{}", line -1, in {}', pl.col("p"), pl.col("c")).alias("f")))
     found = pl.concat([found, calls]).sort("_r", maintain_order=True)
     if found.is_empty():
         return {}

@@ -94,6 +94,11 @@ def render_text(incidents: list[Incident], console: Console, stats: dict[str, An
             console.print(f"  shards       expected ranks {_ranks(cs.get('expected_ranks', []))}; finished: "
                           f"{_ranks(cs.get('finished', []))}; started, not finished: "
                           f"{_ranks(cs.get('started_not_finished', []))}; not started: {_ranks(cs.get('not_started', []))}")
+        if cs.get("presumed"):
+            console.print("  save line    none in the logs: the save is presumed from where the job died, with its "
+                          "progress bar standing at a save point (a completed bar, or a round step such as "
+                          "save_steps' multiples) and no other line after it; trainers that log saves at INFO "
+                          "(HF Trainer's default verbosity hides them) show nothing more")
         lg = inc.last_good_checkpoint
         lg_text = (f"step {lg['step']}" + (f"  {lg['path']}" if lg.get("path") else "")) if lg else "none seen"
         console.print(f"  last good    {escape(lg_text)}")
