@@ -268,3 +268,17 @@ def test_a_failure_logged_without_its_traceback_fails_the_open_save():
     assert found(WILD / "tf-automatic-modulation-rec-1" / "logs") == [
         ("storage_failure_during_save", None, "storage_error")]
     assert found(WILD / "torch-olmo-664" / "logs") == [("interrupted_save", None, "exception")]
+
+
+def test_restores_that_fail_for_the_checkpoint_are_load_failures_of_its_step():
+    """Orbax restoring on other devices than the save's (a world-size mismatch without sizes);
+    TF 1.x 'Tensor name … not found in checkpoint files Resnet_iter_200000.ckpt'; TF's
+    Saver.restore handed a shard file (its step from the name in the message); DCP's missing
+    key; Paddle v2's parameters.to_tar raising inside its serializer is a failed save."""
+    assert found(WILD / "jax-demonstration-informatio-1" / "logs") == [("world_size_mismatch", None, None)]
+    assert found(WILD / "tf-tffrcnn-50" / "logs") == [("load_failure", 200000, None)]
+    assert found(WILD / "tf-magenta-1540" / "logs") == [("load_failure", 60, None)]
+    assert found(WILD / "torch-torchtitan-2622" / "logs") == [("load_failure", None, None)]
+    assert found(WILD / "paddle-paddle-2895" / "logs") == [("interrupted_save", None, "exception")]
+    # 'Failed to download saved model' ends no save, and export_saved_model is no save code
+    assert found(WILD / "tf-sagemaker-tensorflow-tra-115" / "logs") == []

@@ -136,8 +136,10 @@ def _world_sizes(errors: list[Ev], state: JobState, save_ws: int | None) -> tupl
     """(saved, current) world sizes when they are known to differ, else None."""
     for e in errors:
         a = e.attrs
-        if a.get("class") == "world_size_mismatch" and a.get("saved_world_size") and a.get("current_world_size"):
-            return int(a["saved_world_size"]), int(a["current_world_size"])
+        if a.get("class") == "world_size_mismatch":  # the loader said so; the sizes when it gave them
+            if a.get("saved_world_size") and a.get("current_world_size"):
+                return int(a["saved_world_size"]), int(a["current_world_size"])
+            return (save_ws, state.world_size)
         if a.get("class") == "device_mesh_mismatch":
             meshes = [_mesh_size(m) for m in _MESH.findall(e.line)]
             if len(meshes) >= 2 and meshes[0] != meshes[1]:
@@ -313,11 +315,13 @@ def _load_incident(state: JobState, registry: CheckpointRegistry, key: Checkpoin
     if ws is not None:
         saved, current = ws
         cs.update(saved_world_size=saved, current_world_size=current)
-        sizes = f"saved at world size {saved}, loaded at {current}" if saved and current else "a different world size"
+        sizes = (f"saved at world size {saved}, loaded at {current}" if saved and current
+                 else "saved at another world size (or on other devices) than it is loaded at")
         remediation = (f"The checkpoint was {sizes}: its shards are laid out for the old size. Either resume with "
                        f"the original world size{f' ({saved})' if saved else ''}, or reshard it: load it through "
-                       "torch.distributed.checkpoint (DCP reshards on load), or for DeepSpeed ZeRO convert it to "
-                       "a universal checkpoint (ds_to_universal.py) and load with --universal-checkpoint.")
+                       "torch.distributed.checkpoint (DCP reshards on load), restore an Orbax checkpoint with target "
+                       "shardings for the new devices, or for DeepSpeed ZeRO convert it to a universal checkpoint "
+                       "(ds_to_universal.py) and load with --universal-checkpoint.")
         kind = "world_size_mismatch"
     else:
         why = f"It failed because {_bad_summary(bad)}. " if bad is not None else ""
