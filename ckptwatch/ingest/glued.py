@@ -12,7 +12,8 @@ start, so neither the launcher-prefix reader nor the rules see it, and the bar's
 with it. :func:`split_glued` cuts such a line after the bar, at the byte offset where the
 record begins (the bar keeps the line's offset), when what follows the bar starts like a
 record: a glog / absl header, an ISO-8601 or ``YYYY/MM/DD`` time, a ``[rankN]:`` label, a
-logging level word followed by a colon or a bracket, or a traceback's header.
+logging level word followed by a colon or a bracket, a traceback's header, or the shell's
+word for the signal its job died of (``Killed``: bash prints it on the line the bar left).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ _BAR = r"\d+/\d+ \[[^\]\n]*?(?:/s|/it|s/\w+|\?\w+/s)[^\]\n]*\]"
 #: what starts a record (see the module docstring)
 _RECORD = (r"(?:[IWEF]\d{4} \d{2}:\d{2}:\d{2}\.\d+\s|\[?\d{4}[-/]\d{2}[-/]\d{2}[ T]\d{2}:\d{2}:\d{2}"
            r"|\[rank\d+\]:|(?:INFO|WARNING|WARN|ERROR|CRITICAL|FATAL|DEBUG)(?::|\s*\]|\s+\d)"
-           r"|Traceback \(most recent call last\))")
+           r"|Traceback \(most recent call last\)"
+           r"|(?:Killed|Terminated|Aborted|Segmentation fault|Bus error)(?: \(core dumped\))?\s*$)")
 _GLUED = rf"^(.*?{_BAR})\s*({_RECORD}.*)$"
 
 

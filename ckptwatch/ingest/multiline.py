@@ -46,7 +46,9 @@ _OWN_INDENTED = (r"^\s+(?:successfully (?:saved|loaded) checkpoint|scheduled an 
                  r"|will not load any checkpoints|loading (?:distributed )?checkpoint from|saving checkpoint at"
                  r"|iteration\s+\d+/\s*\d+ \||\[\d{4}-\d{2}-\d{2}[ T]\d"
                  # Rich's log handler leaves the time column blank within one second
-                 r"|\s{8,}(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s{2,}\S)")  # a dated line is never a continuation
+                 r"|\s{8,}(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s{2,}\S"
+                 # tqdm pads its percentage to three places: ' 50%|█████     | 501/1000 [...]'
+                 r"|\d{1,2}%\|)")  # a dated line is never a continuation
 
 
 #: a frame line that lost its indentation (a paste outside a code block: markdown strips it)
