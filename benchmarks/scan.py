@@ -179,7 +179,8 @@ def main() -> None:
     if a.rounds == 0:  # only write the logs (with --keep: for a run of your own)
         return
     ruleset = RuleSet.load()
-    rules = [(r.prefilter, re.compile(r.pattern)) for r in ruleset.rules]
+    # Rust regex spells "end of text" \z, Python's re \Z (\z only from Python 3.14)
+    rules = [(r.prefilter, re.compile(r.pattern.replace(r"\z", r"\Z"))) for r in ruleset.rules]
     lits = work / "literals.txt"
     lits.write_text("\n".join(sorted({r.prefilter for r in ruleset.rules})) + "\n")
     cli = [sys.executable, "-m", "ckptwatch"]

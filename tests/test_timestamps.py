@@ -27,6 +27,10 @@ CTX = dt.datetime(2026, 11, 30, tzinfo=UTC)
         ("2026-11-30T05:21:21-0500 x", dt.datetime(2026, 11, 30, 10, 21, 21, tzinfo=UTC)),
         ("Nov 30 10:12:27 gpu-node-07 kernel: x", dt.datetime(2026, 11, 30, 10, 12, 27, tzinfo=UTC)),
         ("2026-11-30_10:21:21", dt.datetime(2026, 11, 30, 10, 21, 21, tzinfo=UTC)),
+        ("11/29 10:10:00 - mmengine - INFO - Saving checkpoint at 4000 iterations",
+         dt.datetime(2026, 11, 29, 10, 10, tzinfo=UTC)),
+        ("[11/29 10:10:00 d2.engine.hooks]: Saving checkpoint to ./output/model_0004999.pth",
+         dt.datetime(2026, 11, 29, 10, 10, tzinfo=UTC)),
         ("no time here", None),
     ],
 )

@@ -67,6 +67,9 @@ CTIME_RE = (
     r"(?:\.(?P<frac>\d{1,9}))? (?P<year>\d{4})\b"
 )
 GLOG_RE = r"^\[?[IWEF](?P<mon>\d{1,2})(?P<day>\d{2}) (?P<time>\d{2}:\d{2}:\d{2})(?:\.(?P<frac>\d{1,9}))?\s"
+#: mmengine's MMLogger (datefmt '%m/%d %H:%M:%S': '05/22 10:10:00 - mmengine - INFO - …') and
+#: detectron2's setup_logger ('[05/22 10:10:00 d2.engine.hooks]: …'): month and day, no year
+MD_RE = r"^\W{0,3}(?P<mon>\d{2})/(?P<day>\d{2}) (?P<time>\d{2}:\d{2}:\d{2})(?:[.,](?P<frac>\d{1,9}))?\s"
 SYSLOG_RE = "^" + _MON + r" +(?P<day>\d{1,2}) (?P<time>\d{2}:\d{2}:\d{2})(?:\.(?P<frac>\d{1,9}))?\s"
 KERNEL_RE = r"^\[\s*(?P<up>\d+\.\d+)\]"
 
@@ -177,12 +180,13 @@ def add_event_time(
         first.str.extract_groups(CTIME_RE).alias("_ctime"),
         first.str.extract_groups(GLOG_RE).alias("_glog"),
         first.str.extract_groups(SYSLOG_RE).alias("_sys"),
+        first.str.extract_groups(MD_RE).alias("_md"),
         first.str.extract(KERNEL_RE, 1).cast(pl.Float64, strict=False).alias("_up"),
     )
     # an ISO stamp behind a prefix counts unless a stamp of another format starts the record
     out = out.with_columns(
         (pl.col("_glog").struct.field("time").is_not_null() | pl.col("_sys").struct.field("time").is_not_null()
-         | pl.col("_up").is_not_null()).alias("_other_lead")
+         | pl.col("_md").struct.field("time").is_not_null() | pl.col("_up").is_not_null()).alias("_other_lead")
     )
     local = pl.duration(minutes=assume_utc_offset_minutes)
     iso = pl.col("_iso").struct
@@ -204,7 +208,8 @@ def add_event_time(
     # only the formats this batch holds are parsed (a batch is mostly one file: one format)
     present = out.select(
         *(pl.col(c).struct.field(f).is_not_null().any().alias(c)
-          for c, f in (("_iso", "date"), ("_mdy", "year"), ("_ctime", "year"), ("_glog", "time"), ("_sys", "time")))
+          for c, f in (("_iso", "date"), ("_mdy", "year"), ("_ctime", "year"), ("_glog", "time"), ("_sys", "time"),
+                       ("_md", "time")))
     ).row(0, named=True)
     full_parts = [pl.lit(None, dtype=TS)]
     any_full = pl.lit(False)
@@ -256,6 +261,10 @@ def add_event_time(
         sys_mon = sysl.field("mon").replace_strict(_MONTHS, default=None)
         yearless_parts.append(_closest_year(sys_mon, sys_day, sysl.field("time"), sysl.field("frac"), ctx, latest)
                               - local)
+    if present["_md"]:
+        md = pl.col("_md").struct
+        yearless_parts.append(_closest_year(md.field("mon"), md.field("day"), md.field("time"), md.field("frac"), ctx,
+                                            latest) - local)
     out = out.with_columns(pl.coalesce(yearless_parts).alias("_yearless"))
     yearless = pl.col("_yearless")
     parts = [pl.col("_full"), yearless]
@@ -292,7 +301,7 @@ def add_event_time(
         .alias("ts_source"),
         pl.col("_guess").forward_fill().over(stream_col).fill_null(False).alias("ts_year_guessed"),
     )
-    return out.drop(["_iso", "_mdy", "_ctime", "_glog", "_sys", "_up", "_full0", "_any_full", "_known_ctx", "_ctx",
+    return out.drop(["_iso", "_mdy", "_ctime", "_glog", "_sys", "_md", "_up", "_full0", "_any_full", "_known_ctx", "_ctx",
                      "_yearless",
                      "_full", "_full_bad", "_ctx_prev",
                      "_ctx_next", "_ctx_any", "_carry", "_other_lead", "_own0", "_guess0", "_own", "_guess"])
