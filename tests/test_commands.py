@@ -124,3 +124,26 @@ def test_an_hf_deepspeed_save_is_quarantined_as_the_folder_the_trainer_looks_up(
     assert [c["command"] for c in commands(inner) if c["purpose"] == "quarantine"] == [
         "mv out/checkpoint-500 out/checkpoint-500.partial"]
     assert checkpoint_dir("ckpt/global_step20") == "ckpt/global_step20"  # plain DeepSpeed: the tag folder
+
+
+def test_an_object_store_checkpoint_gets_the_stores_own_commands_and_no_credential(incidents):
+    """Issue 35: 's3://u:pw@host/…' was normalized to 's3:/u:pw@host/…', which kept the
+    password out of the redactor's sight and made 'mv' / 'echo >' write local files."""
+    import dataclasses
+
+    from ckptwatch.detectors.commands import commands
+
+    inc = incidents("tests/fixtures/realruns/hf-accelerate-sigkill-mid-save/logs", "interrupted_save")
+    for path, want in (("s3://ops:hunter2@bucket/run7/checkpoint-500",
+                        ["aws s3 mv --recursive s3://bucket/run7/checkpoint-500 s3://bucket/run7/checkpoint-500.partial"]),
+                       ("gs://bucket/run7/checkpoint-500/",
+                        ["gsutil -m mv gs://bucket/run7/checkpoint-500 gs://bucket/run7/checkpoint-500.partial"]),
+                       ("az://container/run7/checkpoint-500", [])):
+        remote = dataclasses.replace(inc, checkpoint_path=path, status="open",
+                                     last_good_checkpoint={"step": 400, "path": "s3://ops:hunter2@bucket/run7/checkpoint-400"})
+        cmds = commands(remote)
+        assert [c["command"] for c in cmds if c["purpose"] == "quarantine"] == want, path
+        assert not [c for c in cmds if c["purpose"] == "verify"]  # verify reads local folders
+        assert all("hunter2" not in c["command"] and "s3:/b" not in c["command"] for c in cmds)
+        assert [c["command"] for c in cmds if c["purpose"] == "resume"] == [
+            "--resume_from_checkpoint s3://bucket/run7/checkpoint-400"]

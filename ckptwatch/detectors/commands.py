@@ -7,11 +7,18 @@ checkpoint, to convert a checkpoint for another world size, or to give a save mo
 * ``verify``: ``ckptwatch verify <checkpoint>`` for the checkpoint the incident is about
   (and ``ckptwatch verify <last good>`` before resuming from that one);
 * ``quarantine``: ``mv <checkpoint> <checkpoint>.partial`` for a checkpoint not every rank
-  finished, so that "newest checkpoint" discovery cannot pick it up;
+  finished, so that "newest checkpoint" discovery cannot pick it up; in an object store, the
+  store's own move (``aws s3 mv --recursive``, ``gsutil -m mv``, ``hdfs dfs -mv``), and none
+  for a store whose tool is not known;
 * ``resume``: the trainer's own way to resume from the last good checkpoint;
 * ``reshard``: for a world-size change, the framework's conversion;
 * ``timeout``: for a save cut off by a collective timeout, the process-group timeout
   setting of the trainer.
+
+A path that is a URL (``s3://``, ``gs://``, ``hdfs://`` …) is never normalized as a local
+path (that collapses ``//``), loses any ``user:password@`` it carries (a command is pasted
+into channels and terminals: no credential goes into one), and gets no local-file commands
+(``ckptwatch verify`` and tracker files read local folders).
 
 The trainer is told by the rule packs that matched the incident's evidence (``hf.*``,
 ``megatron.*``, ...; :data:`FRAMEWORKS`, first match wins). ``source`` cites where the
@@ -60,6 +67,22 @@ def framework(inc: Incident) -> str | None:
     None when only launcher, kernel or generic rules did."""
     found = {e.rule_id.split(".", 1)[0] for e in inc.evidence}
     return next((f for f in FRAMEWORKS if f in found), None)
+
+
+_URL = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?:[^/@\s]*@)?(?P<rest>.*)$")
+#: how an object store's own tool moves a prefix (a "folder") aside
+_STORE_MV = {"s3": "aws s3 mv --recursive {src} {dst}", "gs": "gsutil -m mv {src} {dst}",
+             "gcs": "gsutil -m mv {src} {dst}", "hdfs": "hdfs dfs -mv {src} {dst}"}
+
+
+def _url(path: str) -> tuple[str, str] | None:
+    """``(scheme, url without user info)`` of a URL path (``s3://u:pw@b/k`` -> ``("s3",
+    "s3://b/k")``), None for a local path."""
+    m = _URL.match(path)
+    if m is None:
+        return None
+    scheme = m.group("scheme").lower()
+    return scheme, f"{scheme}://{m.group('rest')}"
 
 
 def checkpoint_dir(path: str) -> str:
@@ -148,19 +171,32 @@ def commands(inc: Incident) -> list[dict[str, Any]]:
     path = inc.checkpoint_path
     cs = inc.checkpoint_state or {}
     lg = inc.last_good_checkpoint or {}
-    if path:
+    remote = _url(path) if path else None
+    if path and remote is None:
         out.append(_cmd("verify", f"ckptwatch verify {_q(path)}", None,
                         "ckptwatch verify: SHA-256 manifest and structural checks"))
     if path and inc.kind in SAVE_KINDS and inc.status == "open":
-        folder = checkpoint_dir(path)
-        out.append(_cmd("quarantine", f"mv {_q(folder)} {_q(os.path.normpath(folder) + '.partial')}", None,
-                        "not every rank finished writing it: keep newest-checkpoint discovery off it"))
+        if remote is None:
+            folder = checkpoint_dir(path)
+            out.append(_cmd("quarantine", f"mv {_q(folder)} {_q(os.path.normpath(folder) + '.partial')}", None,
+                            "not every rank finished writing it: keep newest-checkpoint discovery off it"))
+        elif remote[0] in _STORE_MV:
+            url = remote[1].rstrip("/")
+            out.append(_cmd("quarantine", _STORE_MV[remote[0]].format(src=_q(url), dst=_q(url + ".partial")), None,
+                            f"not every rank finished writing it: move the prefix aside with the {remote[0]} "
+                            "store's own tool (a local mv cannot)"))
     if inc.kind == "world_size_mismatch":
-        out += _reshard(fw, path or "", cs.get("saved_world_size"), cs.get("current_world_size"))
-    if lg.get("path") and inc.kind != "post_resume_regression":
-        out.append(_cmd("verify", f"ckptwatch verify {_q(lg['path'])}", None,
-                        "verify the last good checkpoint before resuming from it"))
-        out += _resume(fw, lg["path"], lg.get("step"))
+        out += _reshard(fw, remote[1] if remote else path or "", cs.get("saved_world_size"),
+                        cs.get("current_world_size"))
+    good = lg.get("path")
+    good_remote = _url(good) if good else None
+    if good and inc.kind != "post_resume_regression":
+        if good_remote is None:
+            out.append(_cmd("verify", f"ckptwatch verify {_q(good)}", None,
+                            "verify the last good checkpoint before resuming from it"))
+            out += _resume(fw, good, lg.get("step"))
+        else:  # only what takes the URL as it is: no tracker file written through a local path
+            out += [c for c in _resume(fw, good_remote[1], lg.get("step")) if not c["command"].startswith("echo ")]
     rc = inc.root_cause
     if rc is not None and rc.cls == "collective_timeout" and inc.kind in SAVE_KINDS:
         out.append(_timeout(fw))
