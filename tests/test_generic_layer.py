@@ -282,3 +282,21 @@ def test_restores_that_fail_for_the_checkpoint_are_load_failures_of_its_step():
     assert found(WILD / "paddle-paddle-2895" / "logs") == [("interrupted_save", None, "exception")]
     # 'Failed to download saved model' ends no save, and export_saved_model is no save code
     assert found(WILD / "tf-sagemaker-tensorflow-tra-115" / "logs") == []
+
+
+def test_a_pasted_journal_beside_a_console_dates_and_explains_a_bare_killed(tmp_path):
+    """journalctl -k has no year: it takes the console's (2024), not the file's mtime, and its
+    OOM kill, seconds after bash's 'Killed' of a job that names no host or pid, is the cause."""
+    (tmp_path / "console.log").write_text(
+        "[INFO|trainer.py:3410] 2024-12-07 10:00:00,101 >> Saving model checkpoint to out/checkpoint-500\nKilled\n")
+    (tmp_path / "journal.log").write_text(
+        "Dec 07 10:00:05 gpu-node-3 kernel: Out of memory: Killed process 48213 (python) total-vm:912345678kB, "
+        "anon-rss:250123456kB, file-rss:0kB, shmem-rss:0kB, UID:1000 pgtables:500000kB oom_score_adj:0\n")
+    incidents, _ = diagnose([str(tmp_path)])
+    assert [(i.kind, i.step, i.root_cause.cls) for i in incidents] == [("interrupted_save", 500, "oom_kill")]
+    assert incidents[0].root_cause.ts.year == 2024
+    # an OOM kill a minute and more away explains nothing
+    (tmp_path / "journal.log").write_text(
+        "Dec 07 10:03:05 gpu-node-3 kernel: Out of memory: Killed process 48213 (python) total-vm:912345678kB, "
+        "anon-rss:250123456kB, file-rss:0kB, shmem-rss:0kB, UID:1000 pgtables:500000kB oom_score_adj:0\n")
+    assert found(tmp_path) == [("interrupted_save", 500, "signal")]

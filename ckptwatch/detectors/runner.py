@@ -289,17 +289,25 @@ class Detector:
         """Kernel / storage events joined to ``state``'s job: of its hosts, or of a pid of one
         of its ranks; and a kernel OOM kill of the pid a death by signal of the job reports
         (a launcher's ``failed (exitcode: -9) ... (pid: N)``) within :data:`OOM_PID_WINDOW`,
-        its host unknown on either side or the same (a single-node run reads no host label)."""
+        its host unknown on either side or the same (a single-node run reads no host label).
+        A job that names no host at all (a pasted console beside a pasted ``journalctl -k``)
+        also gets a kernel OOM kill within that window of a SIGKILL death that names no pid
+        (bash's ``Killed``)."""
         hosts, pids = state.hosts(), set(state.pid_rank)
         deaths: dict[int, list[tuple[dt.datetime, str | None]]] = {}
+        anonymous: list[dt.datetime] = []  # SIGKILL deaths without a pid, in a job without hosts
         if any(e.kind == "oom_kill" and e.pid is not None and e.pid not in pids for e in self.host_events.values()):
             for e in (events if events is not None else state.events.values()):
                 if e.pid is not None and e.died_of_signal:
                     deaths.setdefault(e.pid, []).append((e.ts, e.host or state.host_of(state.rank_of(e))))
+                elif e.pid is None and not hosts and e.died_of_signal and e.signal == "SIGKILL":
+                    anonymous.append(e.ts)
         window = dt.timedelta(seconds=OOM_PID_WINDOW)
 
         def joined(e: Ev) -> bool:
             if (e.host and e.host in hosts) or (e.pid is not None and e.pid in pids):
+                return True
+            if e.kind == "oom_kill" and any(abs(e.ts - ts) <= window for ts in anonymous):
                 return True
             return e.kind == "oom_kill" and any(abs(e.ts - ts) <= window and (not e.host or not h or e.host == h)
                                                 for ts, h in deaths.get(e.pid, ()))  # type: ignore[arg-type]

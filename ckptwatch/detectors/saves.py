@@ -142,6 +142,7 @@ def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
     ends: list[Ev] = []  # the trainer said training finished
     started_step: dict[int, tuple[tuple, int]] = {}  # rank -> (key, step) of its latest save line with a step
     open_save: dict[int, int] = {}  # rank -> the step of its latest started save not ended
+    stepless_start: dict[int, tuple] = {}  # rank -> key of its save line that no step came before
     restarts: list[dt.datetime] = []  # deaths, loads and resumes: after one, a save of the same step is a new attempt
     rewinds: list[Ev] = []  # loads and resumes of a known step: a run that went back to an older step
     abandoned: list[SaveState] = []  # earlier attempts of a step saved again after a restart
@@ -178,9 +179,18 @@ def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
         if step is None:
             if ev.kind == "save_start":
                 step = last_step(rank, _key(ev), anyone=True)
+            elif rank in open_save:
+                step = open_save[rank]
+            elif rank in stepless_start and last_step(rank, stepless_start[rank], anyone=True) is None:
+                # the save line came before any step: what counted after it (unsloth's layers,
+                # a shard writer's bar) is the save's own loop, not the step it saves
+                step = None
             else:
-                step = open_save.get(rank, last_step(rank, _key(ev), anyone=True))
-        if step is None and (stepped or started_step or ev.kind == "save_end"):
+                step = last_step(rank, _key(ev), anyone=True)
+        if step is None and ev.kind == "save_start":
+            stepless_start[rank] = _key(ev)
+        if step is None and (stepped or started_step or ev.kind == "save_end") and not (
+                during_save and rank in stepless_start):
             continue  # a step is logged, just not before this line: not a save of its own
         if step is None:
             # no step anywhere (a pasted console, a traceback): a save all the same, of a step not shown

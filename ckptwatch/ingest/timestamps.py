@@ -308,16 +308,17 @@ def add_event_time(
 
 
 def shift_to_year_of(ts: pl.Expr, ctx: pl.Expr) -> pl.Expr:
-    """``ts`` moved by -1, 0 or +1 year, whichever lands closest to ``ctx`` (null ``ctx``:
-    unchanged): re-dates a year-less stamp whose year was guessed from a file's mtime once
-    a dated line of the same job or host is known."""
-    cands = [ts.dt.offset_by(f"{d}y") for d in (-1, 1)]
+    """``ts`` moved into the year before, of or after ``ctx``'s, whichever lands closest to
+    ``ctx`` (null ``ctx``: unchanged): re-dates a year-less stamp whose year was guessed from
+    a file's mtime once a dated line of the same job or host is known (a paste of 2024 logs
+    read in 2026 moves by two years)."""
+    years = ctx.dt.year() - ts.dt.year()
+    cands = [ts.dt.offset_by(pl.format("{}y", years + d)) for d in (-1, 0, 1)]
     dist = [(c - ctx).abs() for c in cands]
-    here = (ts - ctx).abs()
     best = (
-        pl.when(dist[0] < here).then(cands[0])
-        .when(dist[1] < here).then(cands[1])
-        .otherwise(ts)
+        pl.when((dist[0] < dist[1]) & (dist[0] < dist[2])).then(cands[0])
+        .when(dist[2] < dist[1]).then(cands[2])
+        .otherwise(cands[1])
     )
     return pl.when(ctx.is_null()).then(ts).otherwise(best)
 

@@ -148,6 +148,7 @@ class SourceWatcher:
         self._polls = 0
         self._dated_by_job: dict[str, dt.datetime] = {}  # newest dated line per job / host, for year-less stamps
         self._dated_by_host: dict[str, dt.datetime] = {}
+        self._dated_no_job: dt.datetime | None = None  # the newest dated line of files that name no job
         self.backlog = False  # the last poll left bytes unread in some file: poll again before concluding
         #: files the last poll found and left for the next one without opening them (its byte
         #: budget was spent): while any, what has been read is not yet every file's beginning
@@ -304,19 +305,25 @@ class SourceWatcher:
     def _redate_guessed_years(self, records: pl.DataFrame) -> pl.DataFrame:
         """Year-less stamps dated with their file's mtime year (no dated line in their file)
         take the year closest to the newest dated line of the same job, else of the same
-        host, read so far (in any file); the rest are counted (``year_from_mtime``)."""
+        host, read so far (in any file); files that name no job share one context, so that a
+        pasted ``journalctl -k`` takes its year from the console pasted beside it; the rest
+        are counted (``year_from_mtime``)."""
         dated = records.filter((pl.col("ts_source") == "line") & ~pl.col("ts_year_guessed"))
         for col, ctx in (("job", self._dated_by_job), ("host", self._dated_by_host)):
             newest = dated.filter(pl.col(col).is_not_null()).group_by(col).agg(pl.col("ts").max())
             for key, ts in newest.iter_rows():
                 if key not in ctx or ts > ctx[key]:
                     ctx[key] = ts
+        unlabelled = dated.filter(pl.col("job").is_null())["ts"].max()
+        if unlabelled is not None and (self._dated_no_job is None or unlabelled > self._dated_no_job):
+            self._dated_no_job = unlabelled
         guessed = records["ts_year_guessed"]
         if not guessed.any():
             return records
         ctx_expr = pl.coalesce(
             pl.col("job").replace_strict(self._dated_by_job, default=None, return_dtype=records["ts"].dtype),
             pl.col("host").replace_strict(self._dated_by_host, default=None, return_dtype=records["ts"].dtype),
+            pl.when(pl.col("job").is_null()).then(pl.lit(self._dated_no_job, dtype=records["ts"].dtype)),
         )
         records = records.with_columns(ctx_expr.alias("_ctx"))
         unresolved = int((guessed & records["_ctx"].is_null()).sum())
