@@ -13,6 +13,7 @@ convention                  example                                             
 ``step_N``, ``ckpt_step_N`` ``/ckpt/step_10``, ``ckpt_step_30.pt``                plain loops
 ``checkpoint_E_N``          ``checkpoints/checkpoint_1_1000.pt``                  fairseq (epoch, updates)
 ``baN``                     ``ep0-ba100-rank0.pt``                                Composer ``save_filename``
+``model_NNNNNNN``           ``output/model_0004999.pth``                          detectron2 ``PeriodicCheckpointer`` (7 digits)
 ==========================  ====================================================  ============================
 
 Ray Train v1's ``checkpoint_000003`` (six zero-padded digits after an underscore) counts
@@ -35,6 +36,11 @@ STEP_IN_NAME = re.compile(
 FAIRSEQ_UPDATES = re.compile(r"(?i)(?:^|[^a-z0-9])checkpoint_\d+_(\d{1,12})(?!\d)")
 
 
+#: detectron2's PeriodicCheckpointer: '{}_{:07d}'.format(file_prefix, iteration), prefix 'model'
+#: (fvcore/common/checkpoint.py); seven digits, so that 'model_7b' or 'model_2' is no step
+DETECTRON2_ITER = re.compile(r"(?i)(?:^|[^a-z0-9])model_(\d{7})(?!\d)")
+
+
 _RAY_INDEX = re.compile(r"checkpoint_\d{6}")
 
 
@@ -46,7 +52,7 @@ def step_from_path(path: str | None) -> int | None:
     for part in reversed(re.split(r"[/\\]+", path.strip().rstrip("/\\"))):
         if _RAY_INDEX.fullmatch(part):
             continue
-        m = FAIRSEQ_UPDATES.search(part) or STEP_IN_NAME.search(part)
+        m = FAIRSEQ_UPDATES.search(part) or STEP_IN_NAME.search(part) or DETECTRON2_ITER.search(part)
         if m:
             return int(m.group(1))
     return None

@@ -109,9 +109,9 @@ def test_wrappers_nobody_registered_are_learned_from_the_files_tracebacks(tmp_pa
             '  File "/venv/lib/python3.11/site-packages/torch/serialization.py", line 650, in _save',
             "    zip_file.write_record(name, storage.data_ptr(), num_bytes)",
             "RuntimeError: [enforce fail at inline_container.cc:337] . unexpected pos 2309312 vs 2309200"]
-    for wrapper, want in (("9-task-1-0/0 [default0]:", r"^\d+-task-\d+-\d+/\d+ ?"),
-                          ("gpu-node-17 out: ", r"^gpu-node-\d+ out: ?"),
-                          ("2024-03-01T10:00:00.123Z stdout F ", r"^\d+-\d+-\d+T\d+:\d+:\d+\.\d+Z stdout F ?")):
+    for wrapper, want in (("9-task-1-0/0 [default0]:", r"^\d+-task-\d+-\d+/\d+[ \t]?"),
+                          ("gpu-node-17 out: ", r"^gpu-node-\d+ out:[ \t]?"),
+                          ("2024-03-01T10:00:00.123Z stdout F ", r"^\d+-\d+-\d+T\d+:\d+:\d+\.\d+Z stdout F[ \t]?")):
         lines = [wrapper + x for x in body]
         assert learn_outer(lines) == (want,)
         (tmp_path / "console.log").write_text("\n".join(lines) + "\n")

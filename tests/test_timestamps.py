@@ -31,6 +31,7 @@ CTX = dt.datetime(2026, 11, 30, tzinfo=UTC)
          dt.datetime(2026, 11, 29, 10, 10, tzinfo=UTC)),
         ("[11/29 10:10:00 d2.engine.hooks]: Saving checkpoint to ./output/model_0004999.pth",
          dt.datetime(2026, 11, 29, 10, 10, tzinfo=UTC)),
+        ("2024/06/01 10:12:01 - mmengine - INFO - Epoch(train)  [1][ 50/612]", dt.datetime(2024, 6, 1, 10, 12, 1, tzinfo=UTC)),
         ("no time here", None),
     ],
 )

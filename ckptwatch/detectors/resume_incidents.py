@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 from ckptwatch.detectors import regression, save_incidents
 from ckptwatch.detectors.checkpoints import CheckpointKey, CheckpointRegistry, SaveFact, checkpoint_key
-from ckptwatch.detectors.events import LOAD_KINDS, Ev
+from ckptwatch.detectors.events import FAILURE_KINDS, LOAD_KINDS, Ev
 from ckptwatch.detectors.headline import PROBE_WORDS
 from ckptwatch.detectors.incident import Incident
 from ckptwatch.detectors.jobstate import JobState
@@ -231,10 +231,30 @@ def evaluate(state: JobState, registry: CheckpointRegistry,
     # EmbeddingBag input, optimizer state of other shapes) is a load failure only in a job
     # that loaded a checkpoint before it; anywhere else it is an ordinary bug
     errors = [e for e in events if e.kind == "load_error"
-              and (e.attrs.get("after_load") != "yes" or any(ld.first_ts <= e.ts for ld in loads))]
+              and (e.attrs.get("after_load") != "yes" or any(ld.first_ts <= e.ts for ld in loads))
+              and not _trained_on(state, e)]
     for key, errs in _group_errors(errors, loads).items():
         out.append(_load_incident(state, registry, key, errs, loads))
     return out, waiting
+
+
+def _trained_on(state: JobState, err: Ev) -> bool:
+    """After the load error ``err``, its file logs training progress, and
+    nothing between says the process died or a new run began (no failure, no load or
+    resume in that file): the loader only warned (mmengine's non-strict load_state_dict
+    lists its size mismatches and goes on; a fine-tune from other heads does so by design)."""
+    if err.attrs.get("after_load") == "yes" or err.attrs.get("class") == "degenerate_outputs":
+        return False  # found after a load that went through (at first use, by ckptwatch's probe)
+    after = [(off, step) for bucket in state.progress_by_rank.values()
+             for sid, off, step in zip(bucket.sid, bucket.off, bucket.step)
+             if sid == err.source_id and off > err.offset]
+    if not after:
+        return False
+    first = min(off for off, _ in after)
+    between = [e for e in (*state.events.values(), *state.loading)
+               if e.source_id == err.source_id and err.offset < e.offset < first
+               and (e.kind in FAILURE_KINDS or e.kind in ("load_start", "resume"))]
+    return not between
 
 
 def _unfinished(state: JobState, registry: CheckpointRegistry, ld: Load, save: SaveFact) -> Incident:

@@ -62,9 +62,11 @@ class SaveWindows:
 
 def _last_good(saves: dict[int, SaveState], retired: dict[int, Retired], complete_steps: list[int],
                step: int) -> dict | None:
-    """The newest complete save before ``step`` (kept or retired); ``complete_steps`` sorted ascending."""
+    """The newest complete save before ``step`` (kept or retired); ``complete_steps`` sorted
+    ascending. A save of a step the logs do not show (:data:`UNKNOWN_STEP`) is no last good
+    checkpoint to name: None when only such saves came before."""
     i = bisect.bisect_left(complete_steps, step)
-    if i == 0:
+    if i == 0 or complete_steps[i - 1] < 0:
         return None
     best = next((s for s in saves.values() if s.step == complete_steps[i - 1] and s.complete), None)
     if best is None:

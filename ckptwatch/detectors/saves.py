@@ -15,7 +15,9 @@ A rank's part of the save of step N is
   another process, which says nothing of the save that was under way. Asynchronous saves (a start with
   ``attrs.async``) end only at their own end line. When the trainer says training finished
   (``job_end``: HF Trainer's "Training completed", Megatron's "exiting program after N
-  minutes") before any failure or restart, every expected rank's part ends. Implicit ends
+  minutes") before any failure or restart, every expected rank's part ends. So does the
+  rank's own first failure when its traceback runs through evaluation or training code
+  (``attrs.during == "other"``): the process had returned from the save. Implicit ends
   are listed apart;
 * **failed** by a ``save_error`` event for step N, or by any failure whose traceback passes
   through save code (``attrs.during == "save"``: see the rule packs' ``frames``), which is
@@ -274,6 +276,18 @@ def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
                 s.implicit[rank] = went_on
                 if went_on.kind == "metric":
                     state.implicit_memo[memo] = went_on
+        # a traceback through evaluation or training code (the frame vocabulary's "other"),
+        # after the save began, in the process that saved: that process had returned from a
+        # synchronous save (detectron2's EvalHook running out of memory after the checkpointer
+        # wrote model_0004999.pth); the failure is the job's, not the save's
+        if not is_async:
+            for rank in s.expected - s.done_ranks:
+                start_ev = s.started.get(rank)
+                moved_on = next((e for e in failures if e.attrs.get("during") == "other" and start_ev is not None
+                                 and state.main_rank_of(e) == rank and _before(start_ev, e)
+                                 and (failed_at is None or not _before(failed_at, e))), None)
+                if moved_on is not None:
+                    s.implicit[rank] = moved_on
         # a later save of the same rank that started before any failure also ends this one
         if not is_async:
             for rank in s.expected - s.done_ranks:

@@ -156,14 +156,15 @@ LEARN_LINES, MIN_SUPPORT = 4000, 3
 def _shape(text: str) -> str:
     """An anchored regex (Rust and Python syntax alike) for prefixes shaped like ``text``:
     its digits any number, its other characters as they are (a host name, a job-runner's
-    words, a container's stream), then the one space that separates it from the message."""
+    words, a container's stream), then the one space or tab that separates it from the
+    message (CloudWatch's and journald exports' fields are tab-separated)."""
     out = []
     for part in re.split(r"(\d+)", text):
         if part.isdigit():
             out.append(r"\d+")
         else:
             out.append(re.sub(r"([\\.^$|?*+()\[\]{}])", r"\\\1", part))
-    return "^" + "".join(out) + " ?"
+    return "^" + "".join(out) + r"[ \t]?"
 
 
 def _without_known_labels(pre: str) -> str:

@@ -11,7 +11,11 @@ iso         ``2026-11-30 10:22:47,875`` /                   ISO 8601 anywhere in
             ``[titan] 2026-12-01 10:08:25,000 - root``      tag or a label; ``T``, space or
                                                             ``_`` between date and time; ``,``
                                                             or ``.`` before the fraction; a
-                                                            zone (``Z``, ``+02:00``) if present
+                                                            zone (``Z``, ``+02:00``) if present;
+                                                            ``2024/06/01 10:12:01`` (mmengine)
+                                                            with slashes
+md          ``05/22 10:10:00``                              mmengine's and detectron2's datefmt:
+                                                            no year (taken from context)
 mdy         ``11/30/2026 10:20:43``                         transformers example scripts
 ctime       ``[Wed Jun 18 15:56:56 2025]``                  ``dmesg -T``
 glog        ``I1130 10:12:27.123456`` /                     torchrun, c10d, NCCL; no year; the
@@ -57,7 +61,7 @@ from ckptwatch.schema import TS
 
 _LEAD = r"^\W{0,3}"
 ISO_RE = (
-    r"(?:^|[^\d\w])(?P<date>(?P<year>\d{4})-\d{2}-\d{2})[T _](?P<time>\d{2}:\d{2}:\d{2})"
+    r"(?:^|[^\d\w])(?P<date>(?P<year>\d{4})(?:-\d{2}-\d{2}|/\d{2}/\d{2}))[T _](?P<time>\d{2}:\d{2}:\d{2})"
     r"(?:[.,](?P<frac>\d{1,9}))?(?P<tz>Z|[+-]\d{2}:?\d{2})?"
 )
 MDY_RE = _LEAD + r"(?P<mon>\d{2})/(?P<day>\d{2})/(?P<year>\d{4}) (?P<time>\d{2}:\d{2}:\d{2})(?:[.,](?P<frac>\d{1,9}))?"
@@ -190,7 +194,7 @@ def add_event_time(
     )
     local = pl.duration(minutes=assume_utc_offset_minutes)
     iso = pl.col("_iso").struct
-    iso_ts = _parse(iso.field("date"), iso.field("time"), iso.field("frac"))
+    iso_ts = _parse(iso.field("date").str.replace_all("/", "-", literal=True), iso.field("time"), iso.field("frac"))
     iso_ts = pl.when(iso.field("tz").is_not_null()).then(iso_ts - _tz_offset(iso.field("tz"))).otherwise(iso_ts - local)
     mdy = pl.col("_mdy").struct
     mdy_ts = _parse(
@@ -204,7 +208,7 @@ def add_event_time(
                        pl.lit("-"), ct.field("day").str.pad_start(2, "0")]),
         ct.field("time"), ct.field("frac"),
     ) - local
-    iso_ok = first.str.contains(_LEAD + r"\d{4}-\d{2}-\d{2}[T _]") | ~pl.col("_other_lead")
+    iso_ok = first.str.contains(_LEAD + r"\d{4}(?:-\d{2}-\d{2}|/\d{2}/\d{2})[T _]") | ~pl.col("_other_lead")
     # only the formats this batch holds are parsed (a batch is mostly one file: one format)
     present = out.select(
         *(pl.col(c).struct.field(f).is_not_null().any().alias(c)

@@ -803,7 +803,10 @@ class RuleSet:
         claimed = pl.Series("claimed", [False] * records.height, dtype=pl.Boolean)
         # a traceback is never a save line, a progress line or a resume: the code lines it
         # quotes (logger.info(f"Saving current state to {output_dir}")) are not log lines
-        traceback = records["line"].str.starts_with("Traceback (most recent call last)")
+        # a traceback, or a pasted one whose header was cut (it starts at a frame): its lines
+        # are code and an exception, never a save, load or progress report
+        traceback = (records["line"].str.starts_with("Traceback (most recent call last)")
+                     | records["line"].str.contains(r'^[ \t]*File "[^"\n]+", line \d+[^\n]*\n'))
         parts: list[pl.DataFrame] = []
         for rule in self.rules:
             m = masks.get(_FOLDED + rule.prefilter.lower() if _folds_case(rule) else rule.prefilter)
@@ -864,7 +867,8 @@ class RuleSet:
         multi = hit["line"].str.contains("\n", literal=True)
         if multi.any():  # tracebacks: the code they ran through, the line a report should cite
             captured = captured.with_columns(
-                pl.Series("_during", self._during(hit["line"], multi, innermost=rule.event not in _PEER_KINDS),
+                pl.Series("_during", self._during(hit["line"], multi, innermost=rule.event not in _PEER_KINDS,
+                                                   keep_other=True),
                           dtype=pl.Utf8),
                 pl.Series("_at_line", _match_lines(hit["line"], rule.pattern, multi), dtype=pl.Int64))
         attrs_json = attrs_json_of(captured, rule.attrs)
