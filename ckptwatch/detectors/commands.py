@@ -104,8 +104,9 @@ def _cmd(purpose: str, command: str, fw: str | None, source: str) -> dict[str, A
     return {"purpose": purpose, "command": command, "framework": fw or "any", "source": source}
 
 
-def _resume(fw: str | None, path: str, step: Any) -> list[dict[str, Any]]:
-    """How ``fw`` resumes from the checkpoint at ``path`` (step ``step``)."""
+def _resume(fw: str | None, path: str, step: Any, *, remote: bool = False) -> list[dict[str, Any]]:
+    """How ``fw`` resumes from the checkpoint at ``path`` (step ``step``); ``remote``: a URL,
+    which gets no tracker-file command (those write a local file)."""
     name = os.path.basename(os.path.normpath(path))
     root = os.path.dirname(os.path.normpath(path)) or "."
     if fw == "hf":
@@ -116,11 +117,12 @@ def _resume(fw: str | None, path: str, step: Any) -> list[dict[str, Any]]:
         iteration = int(m.group(1)) if m else step
         if iteration is None:
             return []
-        return [_cmd("resume", f"echo {iteration} > {_q(os.path.join(root, 'latest_checkpointed_iteration.txt'))}", fw,
-                     "Megatron-LM checkpointing.py: the tracker file of the --load folder names the iteration loaded"),
-                _cmd("resume", f"--load {_q(root)} --ckpt-step {iteration}", fw,
-                     "Megatron-LM training config: ckpt_step, the checkpoint step to load")]
-    if fw == "deepspeed" and _DS_TAG.match(name):
+        tracker = [] if remote else [
+            _cmd("resume", f"echo {iteration} > {_q(os.path.join(root, 'latest_checkpointed_iteration.txt'))}", fw,
+                 "Megatron-LM checkpointing.py: the tracker file of the --load folder names the iteration loaded")]
+        return tracker + [_cmd("resume", f"--load {_q(root)} --ckpt-step {iteration}", fw,
+                               "Megatron-LM training config: ckpt_step, the checkpoint step to load")]
+    if fw == "deepspeed" and _DS_TAG.match(name) and not remote:
         return [_cmd("resume", f"echo {name} > {_q(os.path.join(root, 'latest'))}", fw,
                      "DeepSpeed engine.load_checkpoint: without a tag it loads the one the 'latest' file names "
                      f"(or pass tag='{name}')")]
@@ -195,8 +197,8 @@ def commands(inc: Incident) -> list[dict[str, Any]]:
             out.append(_cmd("verify", f"ckptwatch verify {_q(good)}", None,
                             "verify the last good checkpoint before resuming from it"))
             out += _resume(fw, good, lg.get("step"))
-        else:  # only what takes the URL as it is: no tracker file written through a local path
-            out += [c for c in _resume(fw, good_remote[1], lg.get("step")) if not c["command"].startswith("echo ")]
+        else:
+            out += _resume(fw, good_remote[1], lg.get("step"), remote=True)
     rc = inc.root_cause
     if rc is not None and rc.cls == "collective_timeout" and inc.kind in SAVE_KINDS:
         out.append(_timeout(fw))

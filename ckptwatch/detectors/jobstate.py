@@ -283,6 +283,13 @@ class RankProgress:
         i = self._index(key)
         return i - 1 if i else None
 
+    def first_in_file_after(self, source_id: str, offset: int, ts: dt.datetime) -> int | None:
+        """The file offset of the first kept line of file ``source_id`` past ``offset``, looking
+        from event time ``ts`` on (UTC: the lines of one file come in time order), or None."""
+        found = [self.off[i] for i in range(bisect.bisect_left(self.ts, to_us(ts)), len(self.ts))
+                 if self.sid[i] == source_id and self.off[i] > offset]
+        return min(found, default=None)
+
     def last_step_before(self, key: tuple) -> tuple[tuple, int] | None:
         """``(key, step)`` of the latest line with a step before ``key``, or None."""
         i = self._index(key)

@@ -245,12 +245,10 @@ def _trained_on(state: JobState, err: Ev) -> bool:
     lists its size mismatches and goes on; a fine-tune from other heads does so by design)."""
     if err.attrs.get("after_load") == "yes" or err.attrs.get("class") == "degenerate_outputs":
         return False  # found after a load that went through (at first use, by ckptwatch's probe)
-    after = [(off, step) for bucket in state.progress_by_rank.values()
-             for sid, off, step in zip(bucket.sid, bucket.off, bucket.step)
-             if sid == err.source_id and off > err.offset]
-    if not after:
+    first = min((off for bucket in state.progress_by_rank.values()
+                 if (off := bucket.first_in_file_after(err.source_id, err.offset, err.ts)) is not None), default=None)
+    if first is None:
         return False
-    first = min(off for off, _ in after)
     between = [e for e in (*state.events.values(), *state.loading)
                if e.source_id == err.source_id and err.offset < e.offset < first
                and (e.kind in FAILURE_KINDS or e.kind in ("load_start", "resume"))]

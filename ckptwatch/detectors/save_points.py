@@ -53,7 +53,7 @@ def _death(e: Ev) -> bool:
     if e.kind == "process_exit":
         return e.died_of_signal and e.signal in _KILLS
     if e.kind == "job_signal":
-        return (e.signal or e.attrs.get("sig")) in _KILLS or e.attrs.get("sender") == "external"
+        return e.signal in _KILLS or e.attrs.get("sender") == "external"
     return False
 
 
