@@ -140,7 +140,7 @@ def test_the_frame_vocabulary_places_tracebacks_in_save_load_or_other_code():
     # evaluation (HF's _maybe_log_save_evaluate dispatching to evaluate -> get_eval_dataloader): no load failure
     assert found(WILD / "hf-stanford-alpaca-42" / "logs") == []
     # stable-baselines3's BaseAlgorithm.load -> an AssertionError deep in its setup: a failed load
-    assert found(WILD / "rl-huggingface-sb3-21" / "logs") == [("load_failure", None, None)]
+    assert found(WILD / "rl-huggingface-sb3-21" / "logs") == [("load_failure", None, "load_error")]
     # a traceback through NeMo's ModelCheckpoint._save_last_checkpoint, cut before its exception line
     assert found(WILD / "megatron-speech-12203" / "logs") == [("interrupted_save", None, "unknown")]
 
@@ -275,10 +275,10 @@ def test_restores_that_fail_for_the_checkpoint_are_load_failures_of_its_step():
     TF 1.x 'Tensor name … not found in checkpoint files Resnet_iter_200000.ckpt'; TF's
     Saver.restore handed a shard file (its step from the name in the message); DCP's missing
     key; Paddle v2's parameters.to_tar raising inside its serializer is a failed save."""
-    assert found(WILD / "jax-demonstration-informatio-1" / "logs") == [("world_size_mismatch", None, None)]
-    assert found(WILD / "tf-tffrcnn-50" / "logs") == [("load_failure", 200000, None)]
-    assert found(WILD / "tf-magenta-1540" / "logs") == [("load_failure", 60, None)]
-    assert found(WILD / "torch-torchtitan-2622" / "logs") == [("load_failure", None, None)]
+    assert found(WILD / "jax-demonstration-informatio-1" / "logs") == [("world_size_mismatch", None, "load_error")]
+    assert found(WILD / "tf-tffrcnn-50" / "logs") == [("load_failure", 200000, "load_error")]
+    assert found(WILD / "tf-magenta-1540" / "logs") == [("load_failure", 60, "load_error")]
+    assert found(WILD / "torch-torchtitan-2622" / "logs") == [("load_failure", None, "load_error")]
     assert found(WILD / "paddle-paddle-2895" / "logs") == [("interrupted_save", None, "exception")]
     # 'Failed to download saved model' ends no save, and export_saved_model is no save code
     assert found(WILD / "tf-sagemaker-tensorflow-tra-115" / "logs") == []

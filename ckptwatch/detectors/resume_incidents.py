@@ -38,7 +38,7 @@ from ckptwatch.detectors import regression, save_incidents
 from ckptwatch.detectors.checkpoints import CheckpointKey, CheckpointRegistry, SaveFact, checkpoint_key
 from ckptwatch.detectors.events import FAILURE_KINDS, LOAD_KINDS, Ev
 from ckptwatch.detectors.headline import PROBE_WORDS
-from ckptwatch.detectors.incident import Incident
+from ckptwatch.detectors.incident import Incident, RootCause
 from ckptwatch.detectors.jobstate import JobState
 
 #: Kinds of a failed load: one incident per job and checkpoint, re-classified in place.
@@ -358,8 +358,12 @@ def _load_incident(state: JobState, registry: CheckpointRegistry, key: Checkpoin
                  "Run `ckptwatch verify` on the checkpoint to see which files are missing or damaged.")
         remediation = " ".join(p for p in parts if p)
         kind = "load_failure"
+    first = min(errs, key=lambda e: e.ts)
+    root = RootCause(cls="load_error", rank=state.rank_of(first), host=first.host or state.host_of(state.rank_of(first)), pid=first.pid,
+                     ts=first.ts, rule_id=first.rule_id, line=first.line,
+                     note="the first rank whose load failed")
     return Incident(
-        kind=kind, job=state.job, step=key[1], checkpoint_path=path, root_cause=None, collateral=[],
+        kind=kind, job=state.job, step=key[1], checkpoint_path=path, root_cause=root, collateral=[],
         checkpoint_state=cs, last_good_checkpoint=last_good, remediation=remediation,
-        first_ts=min(e.ts for e in errs), evidence=state.evidence(items), provisional=bool(bad and bad.provisional),
+        first_ts=first.ts, evidence=state.evidence(items), provisional=bool(bad and bad.provisional),
     )

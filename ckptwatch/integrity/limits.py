@@ -72,11 +72,11 @@ class Limits:
             name, sep, value = a.partition("=")
             name = name.strip()
             if not sep or name not in self.names():
-                raise ValueError(f"{a}: unknown limit (known: {', '.join(self.names())})")
+                raise ValueError(f"{a if a.isprintable() else repr(a)}: unknown limit (known: {', '.join(self.names())})")
             mult = {"k": 1 << 10, "m": MIB, "g": GIB}.get(value.strip()[-1:].lower(), 1)
             digits = value.strip()[:-1] if mult > 1 else value.strip()
             if not digits.isdigit():
-                raise ValueError(f"{a}: the value is not a non-negative integer")
+                raise ValueError(f"{a if a.isprintable() else repr(a)}: the value is not a non-negative integer")
             changes[name] = int(digits) * mult
         return dataclasses.replace(self, **changes)
 

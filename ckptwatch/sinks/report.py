@@ -79,10 +79,10 @@ def render_text(incidents: list[Incident], console: Console, stats: dict[str, An
                               if v is not None) or "rank unknown"
             console.print(f"  root cause   [bold]{rc.cls}{sig}[/bold] on {escape(where)}, at {_ts(rc.ts)}")
             if rc.line:
-                console.print(f"               [dim]{escape(rc.line[:160])}[/dim]")
+                console.print(f"               [dim]{escape(_telling_line(rc.line)[:160])}[/dim]")
             if rc.note:
                 console.print(f"               {escape(rc.note)}")
-        else:
+        if not rc or rc.cls == "load_error":
             console.print(f"  what broke   {escape(why(inc))}")
         console.print(f"  collateral   ranks {_ranks(inc.collateral)}")
         cs = inc.checkpoint_state
@@ -126,3 +126,12 @@ def render_text(incidents: list[Incident], console: Console, stats: dict[str, An
 def render_json(incidents: list[Incident], stats: dict[str, Any]) -> str:
     """``{"incidents": [...], "stats": {...}}`` as documented in the README."""
     return json.dumps({"incidents": [i.to_dict() for i in incidents], "stats": stats}, indent=2, default=str)
+
+
+def _telling_line(record: str) -> str:
+    """The line of a multi-line record that says what happened: a traceback's exception
+    line (its last line), else the record's first line."""
+    lines = [ln.strip() for ln in record.splitlines() if ln.strip()]
+    if not lines:
+        return ""
+    return lines[-1] if lines[0].startswith("Traceback") or lines[0].startswith("File ") else lines[0]

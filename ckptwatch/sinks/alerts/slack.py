@@ -67,6 +67,8 @@ def _why_field(inc: Incident) -> str:
     """The root cause with rank, host, pid and time when there is one; else what else
     explains the incident (:func:`~ckptwatch.detectors.headline.why`)."""
     rc = inc.root_cause
+    if rc and rc.cls == "load_error":  # a failed load: what the loader said, and where it first failed
+        return f"*Why*\n{why(inc)}" + (f", first on rank {rc.rank}" if rc.rank is not None else "")
     if rc and rc.ts:
         facts = [f"{k} {v}" for k, v in (("rank", rc.rank), ("host", rc.host), ("pid", rc.pid)) if v is not None]
         return (f"*Root cause*\n{rc.cls}" + (f" ({rc.signal})" if rc.signal else "") + "".join(f", {f}" for f in facts)
