@@ -414,3 +414,52 @@ def test_a_path_that_already_names_the_iteration_is_not_extended():
     assert _format_path(fmt, "/ckpt/", 300) == "/ckpt/iter_0000300"
     assert _format_path(fmt, "/ckpt/iter_0000300", 300) == "/ckpt/iter_0000300"
     assert _format_path(fmt, "/ckpt/iter_0000200", 300) == "/ckpt/iter_0000200/iter_0000300"
+
+
+def test_requires_and_a_list_prefilter_make_a_vocabulary_rule(tmp_path):
+    """``requires``: every listed pattern must also match, anywhere and in any order; a list
+    ``prefilter``: a record holding any one of its literals is tested."""
+    pack = _write(tmp_path, """
+        rules:
+          - id: mine.load_vocab
+            event: load_error
+            prefilter: ["vanished", "absent"]
+            pattern: '(?i)\\b(?:vanished|absent)\\b'
+            requires: ['(?i)zshard', 'Error\\b']
+            examples:
+              match:
+                - line: "ZshardError: /ckpt/step_40/zshard vanished"
+                - line: "ZError: zshard absent"
+              no_match:
+                - "WARNING: zshard absent, going on"
+                - "KeyError: vocab entry absent"
+        """)
+    assert check_rule_files([pack]) == (len(PACKAGED.rules) + 1, [])
+    rules = RuleSet.load([pack], packaged=False)
+    ev = rules.apply(_records(["ZshardError: /ckpt/step_40/zshard vanished", "ZError: zshard absent",
+                               "WARNING: zshard absent, going on", "ZError: zshard loaded"]))
+    assert ev["offset"].to_list() == [0, 1]
+    assert ev["step"].to_list() == [40, None]  # the load line's path, found anywhere in it, names step 40
+
+
+@pytest.mark.parametrize("requires, reason", [("checkpoint", "'requires' must be a list"),
+                                              (["(unclosed"], "'requires' does not compile"),
+                                              ([""], "'requires' must be a list")])
+def test_a_bad_requires_is_named(tmp_path, requires, reason):
+    pack = tmp_path / "bad.yaml"
+    pack.write_text(json.dumps({"rules": [{"id": "mine.bad", "event": "load_error", "prefilter": "x", "pattern": "x",
+                                           "requires": requires, "examples": {"match": [{"line": "x"}]}}]}))
+    with pytest.raises(RuleError, match=reason):
+        RuleSet.load([str(pack)])
+
+
+def test_a_save_or_load_line_names_its_step_in_words_or_by_a_path_anywhere_in_it():
+    ev = PACKAGED.apply(_records([
+        "[2024-07-03 16:40:30,015] [ERROR] [ckpt_saver.py:1210:save_step_checkpoint] Rank 1 save checkpoint failed for step 2000",
+        "[NeMo I 2024-05-26 02:15:08 nemo_model_checkpoint:573] Checkpoint save for step 2000 started at 1716689708.1234567.",
+        "ValueError: The passed save_path is not a valid checkpoint: model.ckpt-1000.data-00000-of-00001",
+        # HF's rotation names an older checkpoint: a save line's step is never taken from another path
+        "[INFO|trainer.py:4076] 2024-06-01 10:02:09,500 >> Deleting older checkpoint [/out/checkpoint-100] due to args.save_total_limit",
+    ]))
+    assert list(zip(ev["kind"], ev["step"])) == [("save_error", 2000), ("save_start", 2000), ("load_error", 1000),
+                                                 ("save_end", None)]

@@ -7,7 +7,8 @@ A rule pack is a YAML file::
     rules:
       - id: torchrun.worker_failed        # unique across all loaded packs
         event: process_exit               # one of ckptwatch.schema.EVENT_KINDS
-        prefilter: "failed (exitcode:"    # a literal every matching record contains
+        prefilter: "failed (exitcode:"    # a literal every matching record contains (or a list:
+                                          # every matching record contains one of them)
         pattern: 'failed \\(exitcode: (?P<exitcode>-?\\d+)\\) local_rank: (?P<local_rank>\\d+)'
         sources: [console]                # optional: source kinds (console, worker, log)
         attrs: {reporter: agent}          # optional: static attributes added to the event
@@ -16,6 +17,8 @@ A rule pack is a YAML file::
                                           # neither: through code no frame vocabulary places;
                                           # !save / !load: any record but such a traceback
         unless: "KeyboardInterrupt"       # optional: records this also matches go to later rules
+        requires: ['(?i)checkpoint', '(?i)\\bload']  # optional: patterns the record must also match,
+                                          # in any order (a vocabulary's verb and object)
         examples:
           match:                          # each must match; "expect" checks captured groups
             - line: "E1130 ... failed (exitcode: -9) local_rank: 2 (pid: 5879) of binary: ..."
@@ -113,6 +116,8 @@ class Rule:
     source: str = ""  # the framework file and function the wording was read from
     during: str | None = None  # only records that are tracebacks through this code (save / load)
     unless: str | None = None  # a pattern: records it matches are left to later rules
+    also_prefilters: tuple[str, ...] = ()  # a list prefilter's other literals (any one admits a record)
+    requires: tuple[str, ...] = ()  # patterns a record must also match, anywhere and in any order
 
 
 @dataclass(frozen=True)
@@ -507,10 +512,13 @@ def _inner_repeats(items: Any) -> list[Any]:
 def _check_pattern(raw: dict, file: str, where: str, *, cost: bool = True) -> None:
     """``prefilter`` and ``pattern``: present, strings, bounded, and (``cost``) of bounded
     cost (:func:`pattern_cost_problem`)."""
-    for key in ("pattern", "prefilter"):
-        if not isinstance(raw.get(key), str) or not raw[key]:
-            raise RuleError(file, where, f"missing or empty '{key}' (a string)")
-    if len(raw["prefilter"]) > MAX_PREFILTER_CHARS:
+    if not isinstance(raw.get("pattern"), str) or not raw["pattern"]:
+        raise RuleError(file, where, "missing or empty 'pattern' (a string)")
+    pre = raw.get("prefilter")
+    literals = pre if isinstance(pre, list) else [pre]
+    if not literals or len(literals) > 16 or not all(isinstance(lit, str) and lit for lit in literals):
+        raise RuleError(file, where, "missing or empty 'prefilter' (a string, or a list of at most 16 strings)")
+    if any(len(lit) > MAX_PREFILTER_CHARS for lit in literals):
         raise RuleError(file, where, f"'prefilter' is longer than {MAX_PREFILTER_CHARS} characters")
     problem = pattern_cost_problem(raw["pattern"]) if cost else None
     if problem:
@@ -566,7 +574,7 @@ def _parse_rule(raw: Any, file: str, index: int, *, trusted: bool = False) -> Ru
         raise RuleError(file, rid, "missing or empty 'event' (a string)")
     _check_pattern(raw, file, rid, cost=not trusted)
     unknown = set(raw) - {"id", "event", "pattern", "prefilter", "sources", "attrs", "path_format", "examples",
-                          "description", "source", "during", "unless"}
+                          "description", "source", "during", "unless", "requires"}
     if unknown:
         raise RuleError(file, rid, f"unknown field(s) {sorted(_name(k) for k in unknown)}")
     if raw["event"] not in EVENT_KINDS:
@@ -591,15 +599,26 @@ def _parse_rule(raw: Any, file: str, index: int, *, trusted: bool = False) -> Ru
         problem = None if trusted else pattern_cost_problem(unless)
         if problem:
             raise RuleError(file, rid, f"'unless': {problem}")
+    requires = raw.get("requires") or []
+    if not isinstance(requires, list) or len(requires) > 8 or not all(
+            isinstance(q, str) and q and len(q) <= MAX_PATTERN_CHARS for q in requires):
+        raise RuleError(file, rid, f"'requires' must be a list of at most 8 patterns of at most {MAX_PATTERN_CHARS} "
+                                   "characters")
+    for q in requires:
+        problem = None if trusted else pattern_cost_problem(q)
+        if problem:
+            raise RuleError(file, rid, f"'requires': {problem}")
     path_format = _check_path_format(raw.get("path_format"), file, rid)
     matches, no_matches = _parse_examples(raw.get("examples"), file, rid)
     if not matches:
         raise RuleError(file, rid, "needs at least one 'match' example")
     return Rule(
-        id=rid, event=raw["event"], pattern=raw["pattern"], prefilter=raw["prefilter"], file=file,
+        id=rid, event=raw["event"], pattern=raw["pattern"], file=file,
+        prefilter=raw["prefilter"][0] if isinstance(raw["prefilter"], list) else raw["prefilter"],
+        also_prefilters=tuple(raw["prefilter"][1:]) if isinstance(raw["prefilter"], list) else (),
         sources=tuple(sources), attrs=attrs, path_format=path_format,
         match_examples=tuple(matches), no_match_examples=tuple(no_matches), source=raw.get("source", ""),
-        during=raw.get("during"), unless=unless,
+        during=raw.get("during"), unless=unless, requires=tuple(requires),
     )
 
 
@@ -742,7 +761,8 @@ class RuleSet:
             if r.id in seen:
                 raise RuleError(r.file, r.id, f"duplicate id (also in {seen[r.id]})")
             seen[r.id] = r.file
-            for what, pattern in (("pattern", r.pattern), ("'unless'", r.unless)):
+            for what, pattern in (("pattern", r.pattern), ("'unless'", r.unless),
+                                  *(("'requires'", q) for q in r.requires)):
                 if pattern is None:
                     continue
                 try:
@@ -786,17 +806,17 @@ class RuleSet:
         # literal by literal, and each rule looks at the ones its literal admits that no
         # earlier rule claimed
         # a rule whose pattern starts with (?i) has its literal found whatever its case
-        exact = list(dict.fromkeys(r.prefilter for r in self.rules if not _folds_case(r)))
-        folded = list(dict.fromkeys(r.prefilter.lower() for r in self.rules if _folds_case(r)))
+        exact = list(dict.fromkeys(lit for r in self.rules if not _folds_case(r) for lit in _prefilters(r)))
+        folded = list(dict.fromkeys(lit.lower() for r in self.rules if _folds_case(r) for lit in _prefilters(r)))
         line = pl.col("line")
-        keep = line.str.contains_any(exact)
+        keep = line.str.contains_any(exact) if exact else pl.lit(False)  # a set of (?i) rules only has none
         if folded:
             keep = keep | line.str.contains_any(folded, ascii_case_insensitive=True)
         records = records.filter(keep)
         if records.is_empty():
             return empty_events()
         pool = records.with_row_index("_rid")
-        masks = _literal_masks(records["line"], exact)
+        masks = _literal_masks(records["line"], exact) if exact else {}
         if folded:
             masks |= {_FOLDED + k: v for k, v in _literal_masks(records["line"], folded, fold_case=True).items()}
         source_masks: dict[tuple[str, ...], pl.Series] = {}
@@ -809,7 +829,10 @@ class RuleSet:
                      | records["line"].str.contains(r'^[ \t]*File "[^"\n]+", line \d+[^\n]*\n'))
         parts: list[pl.DataFrame] = []
         for rule in self.rules:
-            m = masks.get(_FOLDED + rule.prefilter.lower() if _folds_case(rule) else rule.prefilter)
+            m = None
+            for lit in _prefilters(rule):
+                lm = masks.get(_FOLDED + lit.lower() if _folds_case(rule) else lit)
+                m = lm if m is None else (m if lm is None else m | lm)
             if m is None:
                 continue
             if rule.sources:
@@ -823,6 +846,9 @@ class RuleSet:
                 continue
             cand = pool.filter(m)
             hit = cand.filter(pl.col("line").str.contains(rule.pattern))
+            for q in rule.requires:
+                if not hit.is_empty():
+                    hit = hit.filter(pl.col("line").str.contains(q))
             if rule.unless and not hit.is_empty():
                 hit = hit.filter(~pl.col("line").str.contains(rule.unless))
             if rule.during and not hit.is_empty():
@@ -882,10 +908,16 @@ class RuleSet:
                           dtype=pl.Utf8)
             )
         path = df["path"].str.strip_chars_end("/.,;:'\")]")
+        if rule.event in _CHECKPOINT_KINDS and path.is_null().any():
+            path = _named_path(df["line"], path)
         if df["step"].is_null().any() and path.is_not_null().any():  # the step a path names by convention
             df = df.with_columns(pl.Series("step", [s if s is not None else step_from_path(p)
                                                     for s, p in zip(df["step"], path, strict=True)],
                                            dtype=pl.Int64))
+        if rule.event in _STEP_WORD_KINDS and df["step"].is_null().any():  # 'for step 2000', '@ 4999 steps'
+            said = df["line"].str.extract_groups(_STEP_WORD).struct
+            df = df.with_columns(pl.coalesce(pl.col("step"), said.field("said").cast(pl.Int64, strict=False),
+                                             said.field("said_after").cast(pl.Int64, strict=False)).alias("step"))
         df = df.with_columns(
             path.alias("path"),
             pl.lit(rule.event).alias("kind"),
@@ -958,6 +990,35 @@ def _innermost(lines: pl.Series, frames: list[Frame]) -> dict[int, str]:
 _CONTEXT_KINDS = frozenset({"save_start", "save_end", "load_start", "load_end", "resume", "metric", "job_end",
                             "world_size"})
 
+#: what a line says of the checkpoint it loads (or failed to save): its path may be anywhere in
+#: the line (see :func:`_named_path`); a save line's rule captures the path it saves to, for a
+#: save line may name another checkpoint too (HF's 'Deleting older checkpoint [...]')
+_CHECKPOINT_KINDS = frozenset({"save_error", "load_start", "load_end", "load_error", "resume"})
+#: a save's or a load's line that names its step in words, when its rule captured none and its
+#: path names none: 'Checkpoint save for step 2000 started', '[step=1000] Finished synchronous
+#: save', 'tag global_step3000', 'Saved first model at 40.1 @ 4999 steps'
+_STEP_WORD_KINDS = _CHECKPOINT_KINDS | {"save_start", "save_end"}
+_STEP_WORD = (r"(?i)(?:\b(?:global[_ ]?step|step|iteration|iter)(?:s\b)?[ \t_-]*[=:#]?[ \t]*\"?(?P<said>\d{1,12})\b"
+              r"|\b(?P<said_after>\d{1,12})[ \t]+(?:steps|iterations|updates)\b)")
+#: a path-like token: a URL of an object store, words joined by slashes, or a bare file name
+#: with a checkpoint's naming (TF's ``model.ckpt-60.data-00000-of-00001``)
+_PATH_TOKEN = (r"(?:[a-z][a-z0-9+]*://[^\s'\",;()\[\]{}]+|[\w.~-]*/[^\s'\",;()\[\]{}]+"
+               r"|[\w.-]*(?i:ckpt|checkpoint)[-_]\d[\w.-]*)")
+
+
+def _named_path(lines: pl.Series, path: pl.Series) -> pl.Series:
+    """``path`` where the rule captured one; elsewhere the first path-like token of the line
+    that names a step by a trainer's convention (:func:`~ckptwatch.naming.step_from_path`:
+    ``… /ckpt/run1/checkpoint-1500/trainer_state.json`` gives that path, so step 1500), else
+    null: a path that names no step is not taken, so no rule's reading changes by a path it
+    did not ask for. Shapes: two Utf8 series of one length."""
+    tokens = lines.str.extract_all(_PATH_TOKEN).to_list()
+    found = [p if p is not None else next((t.rstrip("/.,;:'\")]") for t in (ts or ())
+                                          if step_from_path(t.rstrip("/.,;:'\")]")) is not None), None)
+             for p, ts in zip(path, tokens, strict=True)]
+    return pl.Series("path", found, dtype=pl.Utf8)
+
+
 #: a peer's report of a collective that failed: a rank waiting in a save's barrier is not the
 #: rank whose save failed, so only the packs' own frames (never the generic vocabulary) say
 #: what code such a report passed through
@@ -965,6 +1026,11 @@ _PEER_KINDS = ("collective_error", "collective_timeout")
 
 #: the key of a case-folded literal's mask (see :func:`_folds_case`)
 _FOLDED = "\x00i:"
+
+
+def _prefilters(rule: Rule) -> tuple[str, ...]:
+    """The rule's prefilter literals: a record holding any of them is tested."""
+    return (rule.prefilter, *rule.also_prefilters)
 
 
 def _folds_case(rule: Rule) -> bool:
@@ -1175,8 +1241,8 @@ def check_examples(ruleset: RuleSet) -> list[RuleError]:
         kind = rule.sources[0] if rule.sources else "log"
         lines = [line for line, _ in rule.match_examples]
         for line in lines:
-            if (rule.prefilter.lower() not in line.lower()) if _folds_case(rule) else (rule.prefilter not in line):
-                errors.append(RuleError(rule.file, rule.id, f"prefilter {rule.prefilter!r} is not in match example "
+            if not any((lit.lower() in line.lower()) if _folds_case(rule) else (lit in line) for lit in _prefilters(rule)):
+                errors.append(RuleError(rule.file, rule.id, f"prefilter {list(_prefilters(rule))} is not in match example "
                                                             f"{line[:80]!r}: the rule could never see it"))
         events = ruleset.apply(_example_records(lines, kind))
         by_offset = {row["offset"]: row for row in events.iter_rows(named=True)}
