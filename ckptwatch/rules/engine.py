@@ -990,10 +990,10 @@ def _innermost(lines: pl.Series, frames: list[Frame]) -> dict[int, str]:
 _CONTEXT_KINDS = frozenset({"save_start", "save_end", "load_start", "load_end", "resume", "metric", "job_end",
                             "world_size"})
 
-#: what a line says of the checkpoint it loads (or failed to save): its path may be anywhere in
+#: what a line says of the checkpoint it loads (or failed to save or store): its path may be anywhere in
 #: the line (see :func:`_named_path`); a save line's rule captures the path it saves to, for a
 #: save line may name another checkpoint too (HF's 'Deleting older checkpoint [...]')
-_CHECKPOINT_KINDS = frozenset({"save_error", "load_start", "load_end", "load_error", "resume"})
+_CHECKPOINT_KINDS = frozenset({"save_error", "storage_error", "load_start", "load_end", "load_error", "resume"})
 #: a save's or a load's line that names its step in words, when its rule captured none and its
 #: path names none: 'Checkpoint save for step 2000 started', '[step=1000] Finished synchronous
 #: save', 'tag global_step3000', 'Saved first model at 40.1 @ 4999 steps'
