@@ -17,7 +17,8 @@ convention                  example                                             
 ==========================  ====================================================  ============================
 
 Ray Train v1's ``checkpoint_000003`` (six zero-padded digits after an underscore) counts
-reports, not steps (ray/train/_internal/storage.py ``_get_checkpoint_dir_name``): it names no step.
+reports, not steps (ray/train/_internal/storage.py ``_get_checkpoint_dir_name``), and
+tf.train.CheckpointManager's ``ckpt-12`` counts saves: neither names a step.
 
 The nearest component to the end of the path that follows a convention gives the step
 (``out/checkpoint-20/pytorch_model_fsdp_0`` -> 20).
@@ -42,6 +43,11 @@ DETECTRON2_ITER = re.compile(r"(?i)(?:^|[^a-z0-9])model_(\d{7})(?!\d)")
 
 
 _RAY_INDEX = re.compile(r"checkpoint_\d{6}")
+#: tf.train.CheckpointManager's default names, ``ckpt-{save_counter}`` (checkpoint_management.py
+#: CheckpointManager.save: ``checkpoint_name='ckpt'``, numbered by the save counter unless
+#: ``checkpoint_number`` is passed): a count of saves, not a step (Estimator's ``model.ckpt-N``
+#: is the global step)
+_TF_SAVE_COUNTER = re.compile(r"ckpt-\d+(?:_temp(?:[/\\].*)?|\.index|\.data-\d+-of-\d+)?")
 
 
 def step_from_path(path: str | None) -> int | None:
@@ -50,7 +56,7 @@ def step_from_path(path: str | None) -> int | None:
     if not path:
         return None
     for part in reversed(re.split(r"[/\\]+", path.strip().rstrip("/\\"))):
-        if _RAY_INDEX.fullmatch(part):
+        if _RAY_INDEX.fullmatch(part) or _TF_SAVE_COUNTER.fullmatch(part):
             continue
         m = FAIRSEQ_UPDATES.search(part) or STEP_IN_NAME.search(part) or DETECTRON2_ITER.search(part)
         if m:

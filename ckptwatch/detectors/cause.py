@@ -161,6 +161,8 @@ def attribute(failures: list[Ev], state: JobState, expected: set[int],
         elif e.kind == "exception":  # a traceback through save / load code; cut before its last line: unknown
             cls = _cut_class(e) if e.attrs.get("cut") else "exception"
             hard.append((e.ts, _HARD_ORDER[cls], e, cls, rank, None))
+        elif e.kind == "save_error":  # the saver's own word that its save failed: its error, not an unknown
+            hard.append((e.ts, _HARD_ORDER["exception"], e, "exception", rank, None))
         elif e.kind == "job_signal":
             if first_other is not None and first_other.ts < e.ts:
                 continue  # the job was already failing: a cancellation now is its teardown, not its cause
@@ -374,7 +376,9 @@ def _timeout_suspect(timeouts: list[Ev], state: JobState, expected: set[int]) ->
         note = (f"rank {rank} is behind in the collective sequence (SeqNum {seqs[rank]} vs up to "
                 f"{max(seqs.values())} on other ranks): the others were waiting for it")
         return _root_from(by_rank[rank], "collective_timeout", rank, state, note=note), [by_rank[rank]]
-    every = set(expected) | (set(range(state.world_size)) if state.world_size else set())
+    # a rank is silent only where the logs show it: one of its own lines, or a stated world size
+    # (a rank-less save line taken as rank 0's does not show rank 0 was there to time out)
+    every = (set(expected) & state.labelled_ranks) | (set(range(state.world_size)) if state.world_size else set())
     silent = sorted(every - set(by_rank) - {-1})
     if silent and by_rank:
         rank = silent[0]
@@ -389,5 +393,7 @@ def _timeout_suspect(timeouts: list[Ev], state: JobState, expected: set[int]) ->
         root.host = state.host_of(rank)
         return root, []
     rank = state.rank_of(first)
-    note = "every rank timed out alike; the lagging rank cannot be told from these logs (earliest reporter shown)"
+    note = ("every rank timed out alike; the lagging rank cannot be told from these logs (earliest reporter shown)"
+            if len(by_rank) > 1 else
+            "only this rank's timeout is in the logs read: the rank it waited for cannot be told from them")
     return _root_from(first, "collective_timeout", rank, state, note=note), [first]

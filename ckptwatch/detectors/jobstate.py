@@ -373,6 +373,9 @@ class JobState:
     _ended: dict[tuple[int, int], dt.datetime] = field(default_factory=dict)
     #: highest rank / local rank any event of the job carried (-1: none): 0 means one process
     max_rank: int = -1
+    #: ranks some event names as its own (a ``[rankN]:`` prefix, a rank field): a rank known only
+    #: because a rank-less line is taken as the main process's is not among them
+    labelled_ranks: set[int] = field(default_factory=set)
     #: a line of a node other than the first carried no host: unlabelled local ranks map to nothing
     unlabelled_nodes: bool = False
     #: save lines read in several files (console and rank file): dedup key -> {source_id: offset}
@@ -661,6 +664,7 @@ class JobState:
             elif ev.local_rank is not None and ev.kind == "world_size" and (r := self.rank_of(ev)) is not None:
                 self._map_pid(ev.pid, r)  # a launcher's "process N spawned ... --local_rank=1" on a one-host job
         if ev.rank is not None:
+            self.labelled_ranks.add(ev.rank)
             if ev.pid is not None:
                 self._map_pid(ev.pid, ev.rank)
             if ev.host:

@@ -898,6 +898,12 @@ class RuleSet:
                           dtype=pl.Utf8),
                 pl.Series("_at_line", _match_lines(hit["line"], rule.pattern, multi), dtype=pl.Int64))
         attrs_json = attrs_json_of(captured, rule.attrs)
+        if rule.event == "save_start" and "async" not in rule.attrs:  # 'async save scheduled', 'in the background'
+            said = hit["line"].str.contains(_ASYNC_SAVE) & ~attrs_json.str.contains('"async"', literal=True)
+            if said.any():
+                attrs_json = (pl.select(pl.when(said).then(pl.when(attrs_json == "{}").then(pl.lit('{"async": true}'))
+                                                       .otherwise(pl.lit('{"async": true, ') + attrs_json.str.slice(1)))
+                                        .otherwise(attrs_json)).to_series())
         for name in ("pid", "step", "path"):
             if name not in df.columns:
                 df = df.with_columns(pl.lit(None, dtype=_COLUMN_GROUPS[name]).alias(name))
@@ -1000,6 +1006,9 @@ _CHECKPOINT_KINDS = frozenset({"save_error", "storage_error", "load_start", "loa
 _STEP_WORD_KINDS = _CHECKPOINT_KINDS | {"save_start", "save_end"}
 _STEP_WORD = (r"(?i)(?:\b(?:global[_ ]?step|step|iteration|iter)(?:s\b)?[ \t_-]*[=:#]?[ \t]*\"?(?P<said>\d{1,12})\b"
               r"|\b(?P<said_after>\d{1,12})[ \t]+(?:steps|iterations|updates)\b)")
+#: a save line that says its save runs on after it returns: such a save ends at its own end
+#: line, never at the next progress line (:mod:`ckptwatch.detectors.saves`)
+_ASYNC_SAVE = r"(?i)\basync(?:hronous(?:ly)?)?\b|\bin the background\b|\bbackground (?:save|thread|checkpoint)"
 #: a path-like token: a URL of an object store, words joined by slashes, or a bare file name
 #: with a checkpoint's naming (TF's ``model.ckpt-60.data-00000-of-00001``)
 _PATH_TOKEN = (r"(?:[a-z][a-z0-9+]*://[^\s'\",;()\[\]{}]+|[\w.~-]*/[^\s'\",;()\[\]{}]+"
