@@ -92,10 +92,10 @@ def test_run_once_writes_duckdb_and_rerun_adds_nothing(tmp_path):
                    "FROM incidents WHERE job LIKE 'job-02%' OR job LIKE 'job-03%' ORDER BY job, kind").fetchall()
     assert rows == [
         ("interrupted_save", "job-0201-sigkill", 40, "signal", 2, [0, 1, 3], 20),
-        ("load_failure", "job-0202-resume-iter40", 40, None, None, [], 20),
+        ("load_failure", "job-0202-resume-iter40", 40, "load_error", 3, [], 20),
         ("poisoned_resume", "job-0202-resume-iter40", 40, None, None, [], 20),
         ("interrupted_save", "job-0301-timeout", 40, "collective_timeout", 1, [0, 2, 3], 20),
-        ("load_failure", "job-0302-resume-latest", 40, None, None, [], 20),
+        ("load_failure", "job-0302-resume-latest", 40, "load_error", 1, [], 20),
         ("poisoned_resume", "job-0302-resume-latest", 40, None, None, [], 20),
     ]
     counts = con.execute("SELECT (SELECT count(*) FROM events), (SELECT count(*) FROM incident_evidence), "

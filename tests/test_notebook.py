@@ -29,7 +29,7 @@ def test_the_incident_history_notebook_runs_top_to_bottom(tmp_path, monkeypatch)
     monkeypatch.chdir(tmp_path)
     NotebookClient(nb, timeout=180, kernel_name="python3").execute()  # raises CellExecutionError on any error
     code = [c for c in nb.cells if c.cell_type == "code"]
-    assert code[0].outputs[0]["text"].startswith(f"database {db} (at rest)\n[(16, 13)]")
+    assert code[0].outputs[0]["text"].startswith(f"database {db} (at rest)\n[(17, 13)]")
     pictures = [o for c in code for o in c.outputs if "image/png" in o.get("data", {})]
     assert len(pictures) == 5  # per day, jobs and hosts, latency, steps lost, the latest incident's timeline
     latest = code[-1].outputs[-1]["data"]["text/plain"]

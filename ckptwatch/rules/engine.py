@@ -899,7 +899,8 @@ class RuleSet:
                 pl.Series("_at_line", _match_lines(hit["line"], rule.pattern, multi), dtype=pl.Int64))
         attrs_json = attrs_json_of(captured, rule.attrs)
         if rule.event == "save_start" and "async" not in rule.attrs:  # 'async save scheduled', 'in the background'
-            said = hit["line"].str.contains(_ASYNC_SAVE) & ~attrs_json.str.contains('"async"', literal=True)
+            said = (hit["line"].str.contains(_ASYNC_SAVE) & ~hit["line"].str.contains(_MAYBE_ASYNC)
+                    & ~attrs_json.str.contains('"async"', literal=True))
             if said.any():
                 attrs_json = (pl.select(pl.when(said).then(pl.when(attrs_json == "{}").then(pl.lit('{"async": true}'))
                                                        .otherwise(pl.lit('{"async": true, ') + attrs_json.str.slice(1)))
@@ -1009,6 +1010,9 @@ _STEP_WORD = (r"(?i)(?:\b(?:global[_ ]?step|step|iteration|iter)(?:s\b)?[ \t_-]*
 #: a save line that says its save runs on after it returns: such a save ends at its own end
 #: line, never at the next progress line (:mod:`ckptwatch.detectors.saves`)
 _ASYNC_SAVE = r"(?i)\basync(?:hronous(?:ly)?)?\b|\bin the background\b|\bbackground (?:save|thread|checkpoint)"
+#: ... unless it only says what happens when async saving is configured (torchtitan's 'Saving the
+#: checkpoint (or staging if async is enabled)')
+_MAYBE_ASYNC = r"(?i)\bif async|\basync(?: \w+)? is (?:enabled|disabled|on|off)|\basync\w*\s*[:=]\s*(?:false|0|no)\b"
 #: a path-like token: a URL of an object store, words joined by slashes, or a bare file name
 #: with a checkpoint's naming (TF's ``model.ckpt-60.data-00000-of-00001``)
 _PATH_TOKEN = (r"(?:[a-z][a-z0-9+]*://[^\s'\",;()\[\]{}]+|[\w.~-]*/[^\s'\",;()\[\]{}]+"
@@ -1016,16 +1020,26 @@ _PATH_TOKEN = (r"(?:[a-z][a-z0-9+]*://[^\s'\",;()\[\]{}]+|[\w.~-]*/[^\s'\",;()\[
 
 
 def _named_path(lines: pl.Series, path: pl.Series) -> pl.Series:
-    """``path`` where the rule captured one; elsewhere the first path-like token of the line
-    that names a step by a trainer's convention (:func:`~ckptwatch.naming.step_from_path`:
-    ``… /ckpt/run1/checkpoint-1500/trainer_state.json`` gives that path, so step 1500), else
+    """``path`` where the rule captured one; elsewhere the checkpoint the first path-like token
+    of the line names by a trainer's convention (:func:`_checkpoint_part`: ``…
+    /ckpt/run1/checkpoint-1500/trainer_state.json`` gives ``/ckpt/run1/checkpoint-1500``), else
     null: a path that names no step is not taken, so no rule's reading changes by a path it
     did not ask for. Shapes: two Utf8 series of one length."""
     tokens = lines.str.extract_all(_PATH_TOKEN).to_list()
-    found = [p if p is not None else next((t.rstrip("/.,;:'\")]") for t in (ts or ())
-                                          if step_from_path(t.rstrip("/.,;:'\")]")) is not None), None)
+    found = [p if p is not None else next((c for t in (ts or ()) if (c := _checkpoint_part(t)) is not None), None)
              for p, ts in zip(path, tokens, strict=True)]
     return pl.Series("path", found, dtype=pl.Utf8)
+
+
+def _checkpoint_part(token: str) -> str | None:
+    """The checkpoint a path-like token names: the token up to its last component that names
+    a step (``ckpt/global_step20/mp_rank_00_model_states.pt`` -> ``ckpt/global_step20``: the
+    checkpoint, not one of its files), or None when no component names one."""
+    parts = token.rstrip("/.,;:'\")]").split("/")
+    for n in range(len(parts), 0, -1):
+        if step_from_path(parts[n - 1]) is not None:
+            return "/".join(parts[:n])
+    return None
 
 
 #: a peer's report of a collective that failed: a rank waiting in a save's barrier is not the
