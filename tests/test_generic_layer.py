@@ -56,12 +56,15 @@ def test_a_notebook_traceback_cut_before_its_exception_line_is_classed_by_its_he
     """IPython names the exception above the frames: unsloth's merged save (the paste stops
     inside the traceback) raised OutOfMemoryError; GLAMOUR's early-stopping torch.save raised
     PermissionError on its .pth path, a storage failure. A CPython traceback cut the same way
-    names nothing, and stays unknown."""
+    names nothing: the save code raised an exception (a traceback is printed for nothing
+    else), which one the report says is cut off."""
     assert found(WILD / "finetune-unsloth-1667" / "logs") == [("interrupted_save", None, "cuda_oom")]
     assert found(WILD / "torch-glamour-3" / "logs") == [("storage_failure_during_save", None, "storage_error")]
     incidents, _ = diagnose([str(WILD / "torch-glamour-3" / "logs")])
     assert "header names PermissionError" in incidents[0].root_cause.note
-    assert found(WILD / "megatron-speech-12203" / "logs")[0][2] == "unknown"
+    assert found(WILD / "megatron-speech-12203" / "logs")[0][2] == "exception"
+    incidents, _ = diagnose([str(WILD / "megatron-speech-12203" / "logs")])
+    assert "cut off before its exception line: which one is not in the paste" in incidents[0].root_cause.note
 
 
 def test_a_colab_traceback_with_hidden_frames_is_read_as_cpythons():
@@ -142,7 +145,7 @@ def test_the_frame_vocabulary_places_tracebacks_in_save_load_or_other_code():
     # stable-baselines3's BaseAlgorithm.load -> an AssertionError deep in its setup: a failed load
     assert found(WILD / "rl-huggingface-sb3-21" / "logs") == [("load_failure", None, "load_error")]
     # a traceback through NeMo's ModelCheckpoint._save_last_checkpoint, cut before its exception line
-    assert found(WILD / "megatron-speech-12203" / "logs") == [("interrupted_save", None, "unknown")]
+    assert found(WILD / "megatron-speech-12203" / "logs") == [("interrupted_save", None, "exception")]
 
 
 def test_the_generic_layer_alone_reads_stacks_no_pack_covers():
@@ -252,7 +255,7 @@ def test_rays_worker_prefix_with_an_ipv6_address_and_a_pasted_indent_is_read():
     lines = records(WILD / "rl-verl-4799" / "logs")
     assert lines[0].startswith('  File "/opt/tiger/open_verl/verl/single_controller/base/decorator.py", line 456, in inner\n')
     assert "WorkerDict" not in "".join(lines)
-    assert found(WILD / "rl-verl-4799" / "logs") == [("interrupted_save", None, "unknown")]
+    assert found(WILD / "rl-verl-4799" / "logs") == [("interrupted_save", None, "exception")]
 
 
 def test_the_save_codes_own_rename_race_is_an_exception_not_a_storage_failure():

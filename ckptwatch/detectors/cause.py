@@ -158,9 +158,11 @@ def attribute(failures: list[Ev], state: JobState, expected: set[int],
             hard.append((e.ts, _HARD_ORDER["oom_kill"], e, "oom_kill", rank, "SIGKILL"))
         elif e.kind in ("cuda_oom", "gpu_xid", "storage_error", "node_lost", "host_memory", "native_crash"):
             hard.append((e.ts, _HARD_ORDER[e.kind], e, e.kind, rank, e.attrs.get("signal") or None))
-        elif e.kind == "exception":  # a traceback through save / load code; cut before its last line: unknown
+        elif e.kind == "exception":  # a traceback through save / load code, maybe cut before its last line
             cls = _cut_class(e) if e.attrs.get("cut") else "exception"
-            hard.append((e.ts, _HARD_ORDER[cls], e, cls, rank, None))
+            # a cut traceback naming nothing is the weakest evidence there is: any other failure wins
+            order = _HARD_ORDER["unknown"] if e.attrs.get("cut") and not e.attrs.get("exception") else _HARD_ORDER[cls]
+            hard.append((e.ts, order, e, cls, rank, None))
         elif e.kind == "save_error":  # the saver's own word that its save failed: its error, not an unknown
             hard.append((e.ts, _HARD_ORDER["exception"], e, "exception", rank, None))
         elif e.kind == "job_signal":
@@ -330,10 +332,12 @@ def _lost_peer(errors: list[Ev], state: JobState, reporters: set[int]) -> tuple[
 
 def _cut_class(e: Ev) -> str:
     """The class of a traceback cut before its exception line: from the exception its header
-    names (:data:`CUT_EXCEPTION_CLASSES`, ``exception`` for another name), else ``unknown``."""
+    names (:data:`CUT_EXCEPTION_CLASSES`, ``exception`` for another name), else ``exception``:
+    CPython prints a traceback only for an exception that propagated, so the save code raised
+    one, though which one the paste does not show (the report says so)."""
     name = str(e.attrs.get("exception") or "")
     if not name:
-        return "unknown"
+        return "exception"
     return CUT_EXCEPTION_CLASSES.get(name.rsplit(".", 1)[-1], "exception")
 
 
@@ -355,11 +359,11 @@ def _hard_note(cls: str, sig: str | None, sender: str | None, ev: Ev) -> str:
         return "the process ran out of host memory (an allocation failed; no OOM killer line)"
     if cls == "native_crash":
         return f"the process crashed in native code{f' ({sig})' if sig else ''}"
+    if cls == "exception" and ev.kind == "exception" and ev.attrs.get("cut"):
+        return "the save code raised an exception, but the traceback is cut off before its exception line: which one is not in the paste"
     if cls == "exception":
         exc = ev.attrs.get("exception")
         return f"the save code raised {exc}" if exc else "the save code raised an exception"
-    if cls == "unknown" and ev.kind == "exception":
-        return "the traceback is cut off before its exception line: what the save code raised is not in the paste"
     return ""
 
 
