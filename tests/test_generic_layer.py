@@ -90,6 +90,55 @@ def test_a_rich_traceback_box_is_read_as_cpythons():
                    "RuntimeError: boom"]
 
 
+PYTEST_LONG = """\
+=================================== FAILURES ===================================
+____________________________ test_checkpoint_roundtrip ____________________________
+
+tmp_path = PosixPath('/tmp/pytest-of-ci/pytest-3/test_checkpoint_roundtrip0')
+
+    def test_checkpoint_roundtrip(tmp_path):
+        trainer = make_trainer(tmp_path)
+>       trainer.save_checkpoint(tmp_path / "ckpt")
+
+tests/test_trainer.py:88: 
+_ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ 
+src/trainer.py:140: in save_checkpoint
+    torch.save(self.state_dict(), path / "model.pt")
+_ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ 
+
+obj = {'model': <object>, 'lr_fn': <function <lambda> at 0x7f>}
+
+    def _save(obj, zip_file, pickle_module, pickle_protocol, _disable_byteorder_record):
+        pickler = pickle_module.Pickler(data_buf, protocol=pickle_protocol)
+>       pickler.dump(obj)
+E       AttributeError: Can't pickle local object 'make_trainer.<locals>.<lambda>'
+E       (while pickling the state dict)
+
+/venv/lib/python3.11/site-packages/torch/serialization.py:841: AttributeError
+=========================== short test summary info ============================
+FAILED tests/test_trainer.py::test_checkpoint_roundtrip - AttributeError: Can't pickle local object
+"""
+
+
+def test_a_pytest_failure_is_read_as_a_cpython_traceback(tmp_path):
+    """pytest's --tb=long / --tb=short entries (_pytest/_code/code.py ReprEntry): the short
+    frames and the long entries' locations become frames (a long entry named by its def), the
+    E lines the exception; a failure through torch.save is a failed save."""
+    (tmp_path / "ci.log").write_text(PYTEST_LONG)
+    tb = next(x for x in records(tmp_path) if x.startswith("Traceback"))
+    assert '  File "tests/test_trainer.py", line 88, in test_checkpoint_roundtrip' in tb
+    assert '  File "src/trainer.py", line 140, in save_checkpoint\n    torch.save(' in tb
+    assert tb.endswith("AttributeError: Can't pickle local object 'make_trainer.<locals>.<lambda>'\n"
+                       "    (while pickling the state dict)\n"
+                       '  File "/venv/lib/python3.11/site-packages/torch/serialization.py", line 841, in _save')
+    incidents, _ = diagnose([str(tmp_path)])
+    assert [(i.kind, i.root_cause.cls) for i in incidents] == [("interrupted_save", "exception")]
+    assert incidents[0].root_cause.note == "the save code raised AttributeError"
+    # without an E line or a short frame, a file's location-like lines and assignments stay
+    df = pl.DataFrame({"offset": [0, 1, 2], "line": ["src/trainer.py:12: ", "lr = 0.1", "_ _ _ _ _ _"]})
+    assert normalize(df)["line"].to_list() == ["src/trainer.py:12: ", "lr = 0.1", "_ _ _ _ _ _"]
+
+
 def test_a_traceback_header_behind_a_save_line_starts_its_own_record():
     """CN-DPM printed 'Saving checkpoint... ' without a newline; pickle.dump then raised."""
     df = pl.DataFrame({"offset": [100], "line": ["Saving checkpoint... Traceback (most recent call last):"]})

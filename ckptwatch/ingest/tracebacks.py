@@ -15,7 +15,13 @@ them is rewritten in place (offsets kept), before grouping:
   in _merge_lora(layer, name)``; collapsed frames ``3 frames``);
 * **Rich** (``rich.traceback``, as accelerate and kohya's scripts install it: a box
   ``╭──── Traceback (most recent call last) ────╮`` of ``│ /path/file.py:281 in save_file │``
-  lines, a long path broken over two box lines).
+  lines, a long path broken over two box lines);
+* **pytest** (``_pytest/_code/code.py`` ``ReprEntry`` / ``ReprFileLocation``: a failure's
+  ``____ test_name ____`` header; ``--tb=short`` frames ``path.py:42: in func`` over their
+  code line; ``--tb=long`` (the default for the first and last entry) the function's source
+  with ``>`` at the failing line, then its location ``path.py:42: `` or, for the last entry,
+  ``path.py:42: TypeError``, the function's name taken from the ``def`` line above it; the
+  exception and its message on ``E   `` lines; ``_ _ _`` separators between entries).
 
 IPython's header names the exception before the frames; a paste cut before the exception
 line still shows it, so the header keeps it: ``Traceback (most recent call last):
@@ -58,6 +64,19 @@ _RICH_REST = r"^│ (\d+) in ([\w.<>]+)\s*│?\s*$"
 _RICH_IN_ONLY = r"^│ ((?:[A-Za-z]:)?\S+?):(\d+) in\s*│?\s*$"
 _RICH_FUNC = r"^│ ([A-Za-z_<][\w.<>]*)\s*│?\s*$"
 
+#: pytest's failure header ``_____ test_save _____`` and its ``_ _ _`` entry separator
+_PYTEST_HEADER = r"^_{3,} \S.* _{3,}\s*$"
+_PYTEST_SEP = r"^(?:_ ){3,}_?\s*$"
+#: ``--tb=short``: ``src/trainer.py:230: in save_checkpoint``
+_PYTEST_SHORT = r"^([^\s:][^:\n]*\.py):(\d+): in ([\w.<>]+)\s*$"
+#: ``--tb=long``: the entry's location after its source, the exception's name on the last one
+_PYTEST_LOC = r"^([^\s:][^:\n]*\.py):(\d+):(?: (?:[A-Za-z_][\w.]*)?)?\s*$"
+_PYTEST_DEF = r"^ *(?:async\s+)?def\s+(\w+)\s*\("
+_PYTEST_ARROW = r"^>( +)"
+_PYTEST_E = r"^E {3,}"
+#: ``--tb=long``'s local variables above an entry's source (``tmp_path = PosixPath('…')``)
+_PYTEST_LOCAL = r"^[A-Za-z_]\w* = \S"
+
 
 _TB = "Traceback (most recent call last)"
 
@@ -93,8 +112,10 @@ def normalize(df: pl.DataFrame, *, by: str | None = None, text_col: str = "line"
     df = split_headers(df, by=by, text_col=text_col)
     line = pl.col(text_col)
     marks = df.select(line.str.contains(_IPY_MARK).any().alias("ipy"),
-                      line.str.contains(r"^╭─+ ?Traceback").any().alias("rich")).row(0, named=True)
-    if not marks["ipy"] and not marks["rich"]:
+                      line.str.contains(r"^╭─+ ?Traceback").any().alias("rich"),
+                      (line.str.contains(_PYTEST_SHORT) | line.str.contains(_PYTEST_E)).any().alias("pytest"),
+                      ).row(0, named=True)
+    if not marks["ipy"] and not marks["rich"] and not marks["pytest"]:
         return df
 
     def per_file(e: pl.Expr) -> pl.Expr:
@@ -136,4 +157,30 @@ def normalize(df: pl.DataFrame, *, by: str | None = None, text_col: str = "line"
             .when(line.str.contains(_RICH_LINE)).then(pl.concat_str([pl.lit("    "), line.str.extract(_RICH_LINE, 1)
                                                                       .str.strip_chars()]))
             .otherwise(line).alias(text_col))
+    if marks["pytest"]:
+        out = _pytest(out, line, per_file, text_col)
     return out
+
+
+def _pytest(df: pl.DataFrame, line: pl.Expr, per_file, text_col: str) -> pl.DataFrame:
+    """pytest's renderings rewritten to CPython's (module docstring), in files holding an
+    ``E   `` exception line or a short frame: the ``E`` lines lose their marker (the first
+    is the exception line, the rest its message, indented), a long entry's location becomes
+    its frame, named by the ``def`` above it."""
+    in_pytest = per_file(line.str.contains(_PYTEST_E).any() | line.str.contains(_PYTEST_SHORT).any())
+    is_e = line.str.contains(_PYTEST_E)
+    first_e = is_e & ~per_file(is_e.shift(1)).fill_null(False)
+    func = per_file(line.str.extract(_PYTEST_DEF, 1).forward_fill()).fill_null("<unknown>")
+    return df.with_columns(
+        pl.when(~in_pytest).then(line)
+        .when(line.str.contains(_PYTEST_HEADER)).then(pl.lit("Traceback (most recent call last):"))
+        .when(line.str.contains(_PYTEST_SEP)).then(pl.lit(""))
+        .when(line.str.contains(_PYTEST_SHORT)).then(line.str.replace(_PYTEST_SHORT, '  File "$1", line $2, in $3'))
+        .when(line.str.contains(_PYTEST_LOC)).then(pl.concat_str([
+            pl.lit('  File "'), line.str.extract(_PYTEST_LOC, 1), pl.lit('", line '),
+            line.str.extract(_PYTEST_LOC, 2), pl.lit(", in "), func]))
+        .when(first_e).then(line.str.replace(_PYTEST_E, ""))
+        .when(is_e).then(line.str.replace(_PYTEST_E, "    "))
+        .when(line.str.contains(_PYTEST_ARROW)).then(line.str.replace(_PYTEST_ARROW, " $1"))
+        .when(line.str.contains(_PYTEST_LOCAL)).then(pl.concat_str([pl.lit("    "), line]))
+        .otherwise(line).alias(text_col))
