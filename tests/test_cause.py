@@ -113,3 +113,40 @@ def test_duplicate_lines_count_once():
     d = Detector()
     d.process(world() + saves(40, 10) + [a, b])
     assert d.stats.duplicates == 1
+
+
+def test_a_sigabrt_reported_by_the_launcher_after_peers_timed_out_is_the_watchdogs_teardown():
+    """DeepSpeed's launcher reports 'exits with return code = -6' for no rank; pdsh passes on
+    exit code 250 (no signal: above 128 + 64). Ranks 0, 1, 3 time out waiting for rank 2,
+    whose save never finished: rank 2 is blamed, for a collective timeout."""
+    events = world() + saves(40, 10) + saves(40, 12, ranks=(0, 1, 3), end=True)
+    events += [ev("collective_timeout", 1810, rank=r, backend="nccl", seq=9, timeout_ms=1800000) for r in (0, 1, 3)]
+    events += [ev("process_exit", 1812, exitcode=-6, reporter="launcher")]
+    events += [ev("process_exit", 1813, exitcode=250, reporter="launcher")]
+    (inc,) = run(events)
+    assert (inc.kind, inc.step) == ("interrupted_save", 40)
+    assert (inc.root_cause.cls, inc.root_cause.rank) == ("collective_timeout", 2)
+    assert inc.collateral == [0, 1, 3]
+
+
+def test_a_rank_that_began_another_file_after_one_was_saved_has_not_finished():
+    """DeepSpeed logs each file: '[Torch] Saving …/zero_pp_rank_N_mp_rank_00_model_states.pt...',
+    '[Torch] Saved ….pt.'; rank 2 saved its model states, began its optimizer states and never
+    said they were saved. A rank whose files all have their end line is done; an end line that
+    names no file ends the rank's part whatever it began."""
+    def file(kind, sec, rank, name):
+        return ev(kind, sec, rank=rank, step=40, file=name)
+    events = world()
+    for r in range(4):
+        events += [file("save_start", 10, r, f"zero_pp_rank_{r}_model_states.pt"),
+                   file("save_end", 11, r, f"zero_pp_rank_{r}_model_states.pt"),
+                   file("save_start", 11.5, r, f"bf16_zero_pp_rank_{r}_optim_states.pt")]
+        if r != 2:
+            events.append(file("save_end", 14, r, f"bf16_zero_pp_rank_{r}_optim_states.pt"))
+    timeouts = [ev("collective_timeout", 1810, rank=r, backend="nccl", seq=9, timeout_ms=1800000) for r in (0, 1, 3)]
+    (inc,) = run(events + timeouts)
+    assert inc.checkpoint_state["started_not_finished"] == [2]
+    assert inc.checkpoint_state["finished"] == [0, 1, 3]
+    assert (inc.root_cause.cls, inc.root_cause.rank) == ("collective_timeout", 2)
+    # the same, with rank 2's whole part ended by a line that names no file: nothing is open
+    assert run(events + [ev("save_end", 15, rank=2, step=40)] + timeouts) == []

@@ -173,7 +173,12 @@ def attribute(failures: list[Ev], state: JobState, expected: set[int],
             sent_by_agent = e.pid in agent_pids and e.signal in AGENT_SIGNALS
             torn_down = after_teardown(e) and e.attrs.get("reporter") in ("srun", "launcher")
             own_timeout = rank in reported_timeout and reported_timeout[rank].ts <= e.ts
-            if sent_by_agent or own_timeout or torn_down:
+            # ProcessGroupNCCL's watchdog takes a process down with std::abort after a collective
+            # timed out ("To avoid data inconsistency, we are taking the entire process down"):
+            # a SIGABRT death after a reported timeout is the timeout's teardown, whoever reports it
+            watchdog_abort = e.signal == "SIGABRT" and any(
+                t.kind == "collective_timeout" and t.ts <= e.ts for t in failures)
+            if sent_by_agent or own_timeout or torn_down or watchdog_abort:
                 continue
             if e.pid in oom_pids or _oom_explains(e, failures, state):
                 continue  # the kernel's OOM line is the better evidence for this death

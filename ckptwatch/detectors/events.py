@@ -128,7 +128,9 @@ class Ev:
             return signal_name(-a["signum"])
         code = self.exitcode
         if code is not None and code > 128 and a.get("reporter") in ("shell", "launcher", "srun"):
-            return signal_name(128 - code)
+            # 128+N for N a signal number (1..64); above that a program's own status (ssh's 255
+            # for its own errors, pdsh passing on 250): no signal
+            return signal_name(128 - code) if code <= 128 + 64 else None
         return signal_name(code)
 
     @property

@@ -7,7 +7,11 @@ A rank's part of the save of step N is
   that shows no step at all (a pasted console), a save of a step not shown (reported with
   step None), each such line a save of its own;
 * **finished** by a ``save_end`` event for step N (one without a step ends the rank's open
-  save), or implicitly when the rank logs progress (a metric line with a later step, or
+  save); a saver that announces each file it writes (DeepSpeed's ``[Torch] Saving
+  …/zero_pp_rank_5_mp_rank_00_model_states.pt...`` / ``[Torch] Saved ….pt.``) has finished
+  only when every file it began has its end line, and a file begun after one ended opens
+  the rank's part again (an end line that names no file, such as "Checkpoint global_step1000
+  is ready now!", ends all of it), or implicitly when the rank logs progress (a metric line with a later step, or
   with no step at all, or a later ``save_start``) after the save started and before any
   failure of the job: a synchronous save must have returned before training went on,
   but progress logged after a failure, or in a file after a resume of this step or an older
@@ -120,6 +124,20 @@ def _per_rank_files_dir(paths: set[str]) -> str | None:
     return d if len(names) == 1 and d not in ("", "/") else None
 
 
+#: a path's last part names one file of a checkpoint: a saver that logs per file
+_CKPT_FILE = re.compile(r"\.(?:pt|pth|bin|safetensors|ckpt|distcp|h5|hdf5|npz|npy|msgpack|pdparams|pdopt|pkl|json)$")
+
+
+def _file_of(path: str | None) -> str | None:
+    """The file name of ``path`` when it names one checkpoint file (``…/global_step10/
+    zero_pp_rank_5_mp_rank_00_model_states.pt`` -> its base name), else None (a directory).
+    A rule that keeps the checkpoint's directory as ``path`` names the file in ``attrs.file``."""
+    if not path:
+        return None
+    name = os.path.basename(path.rstrip("/"))
+    return name if _CKPT_FILE.search(name) else None
+
+
 def _before(a: Ev, b: Ev) -> bool:
     """``a`` came before ``b``: by time, and for lines that share a time (undated lines
     inherit one) by their order in one file; in two files such lines are not ordered, so
@@ -148,6 +166,8 @@ def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
     restarts: list[dt.datetime] = []  # deaths, loads and resumes: after one, a save of the same step is a new attempt
     rewinds: list[Ev] = []  # loads and resumes of a known step: a run that went back to an older step
     abandoned: list[SaveState] = []  # earlier attempts of a step saved again after a restart
+    open_files: dict[tuple[int, int], set[str]] = {}  # (step, rank) -> files begun, not yet ended
+    by_file: set[tuple[int, int]] = set()  # (step, rank) whose part a file's end line finished
     # progress that names a step (a Keras bar or a loss dict names none: a log may show no step at all)
     stepped = any(len(p.step) and max(p.step) != NO_STEP for p in progress.values())
 
@@ -219,6 +239,20 @@ def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
             s.started.setdefault(rank, ev)
             s.first_ts = ev.ts if s.first_ts is None or ev.ts < s.first_ts else s.first_ts
             open_save[rank] = step
+        fname = (ev.attrs.get("file") or _file_of(ev.path)) if ev.kind in ("save_start", "save_end") else None
+        if ev.kind == "save_start" and fname:
+            open_files.setdefault((step, rank), set()).add(fname)
+            if (step, rank) in by_file:  # another file after one ended: the part is open again
+                by_file.discard((step, rank))
+                s.finished.pop(rank, None)
+        if ev.kind == "save_end" and fname and open_files.get((step, rank)):
+            open_files[(step, rank)].discard(fname)
+            if open_files[(step, rank)]:
+                continue  # one file of several begun: the rank's part goes on
+            by_file.add((step, rank))
+        elif ev.kind == "save_end":
+            open_files.pop((step, rank), None)
+            by_file.discard((step, rank))
         if ev.kind == "save_end":
             s.finished.setdefault(rank, ev)
             if s.first_ts is None:
