@@ -128,14 +128,14 @@ def lengthen(root: Path, days: int) -> None:
             out.write(data)
 
 
-def re_loop(paths: list[Path], rules: list[tuple[str, re.Pattern[str]]]) -> int:
-    """The hand-written baseline: per line, every rule's literal with ``in``, then its regex."""
+def re_loop(paths: list[Path], rules: list[tuple[tuple[str, ...], re.Pattern[str]]]) -> int:
+    """The hand-written baseline: per line, every rule's literals with ``in``, then its regex."""
     hits = 0
     for p in paths:
         with open(p, encoding="utf-8", errors="replace") as f:
             for line in f:
-                for lit, rx in rules:
-                    if lit in line and rx.search(line):
+                for lits, rx in rules:
+                    if any(lit in line for lit in lits) and rx.search(line):
                         hits += 1
                         break
     return hits
@@ -180,12 +180,12 @@ def main() -> None:
         return
     ruleset = RuleSet.load()
     # Rust regex spells "end of text" \z, Python's re \Z (\z only from Python 3.14)
-    rules = [(r.prefilter, re.compile(r.pattern.replace(r"\z", r"\Z"))) for r in ruleset.rules]
+    rules = [(r.prefilters, re.compile(r.pattern.replace(r"\z", r"\Z"))) for r in ruleset.rules]
     lits = work / "literals.txt"
-    lits.write_text("\n".join(sorted({r.prefilter for r in ruleset.rules})) + "\n")
+    lits.write_text("\n".join(sorted({lit for r in ruleset.rules for lit in r.prefilters})) + "\n")
     cli = [sys.executable, "-m", "ckptwatch"]
     template = ["--path-template", "{job}/{host}/rank{rank}.log"]
-    literals = sorted({r.prefilter for r in ruleset.rules})
+    literals = sorted({lit for r in ruleset.rules for lit in r.prefilters})
     results: dict[str, list[tuple[float, int]]] = {k: [] for k in ("diagnose", "run --once", "re loop", "grep -F",
                                                                    "polars floor")}
     if a.before:

@@ -62,3 +62,15 @@ def step_from_path(path: str | None) -> int | None:
         if m:
             return int(m.group(1))
     return None
+
+
+def checkpoint_of(token: str) -> str | None:
+    """The checkpoint a path-like token names: the token up to its last component that names
+    a step (``ckpt/global_step20/mp_rank_00_model_states.pt`` -> ``ckpt/global_step20``: the
+    checkpoint, not one of its files; trailing punctuation of the line dropped), or None when
+    no component names one (:func:`step_from_path` per component)."""
+    parts = token.rstrip("/.,;:'\")]").split("/")
+    for n in range(len(parts), 0, -1):
+        if step_from_path(parts[n - 1]) is not None:
+            return "/".join(parts[:n])
+    return None

@@ -32,7 +32,7 @@ def test_each_literal_has_its_own_lines():
 
 
 def test_the_packaged_literals_on_random_lines_built_from_them():
-    literals = list(dict.fromkeys(r.prefilter for r in RuleSet.load().rules))
+    literals = list(dict.fromkeys(lit for r in RuleSet.load().rules for lit in r.prefilters))
     rnd = random.Random(15)
     for _ in range(60):
         lines = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ckptwatch.detectors.checkpoints import checkpoint_key
-from ckptwatch.naming import step_from_path
+from ckptwatch.naming import checkpoint_of, step_from_path
 
 
 @pytest.mark.parametrize("path,step", [
@@ -34,3 +34,13 @@ def test_checkpoint_keys_agree_across_trainer_forms_and_ignore_root_numbers():
     assert checkpoint_key("/ckpt/iter_0000040", None) == ("/ckpt", 40)
     assert checkpoint_key("/ckpt/run-17", None) == ("/ckpt/run-17", None)
     assert checkpoint_key("/ckpt/run-17/step_40", 40) == ("/ckpt/run-17", 40)
+
+
+@pytest.mark.parametrize("token, checkpoint", [
+    ("ckpt/global_step20/mp_rank_00_model_states.pt", "ckpt/global_step20"),
+    ("/ckpt/run1/checkpoint-1500/trainer_state.json'", "/ckpt/run1/checkpoint-1500"),
+    ("/data/ckpt/iter_0002000/__0_0.distcp,", "/data/ckpt/iter_0002000"),
+    ("/home/user/.cache/wandb/run.log", None),
+])
+def test_checkpoint_of_a_path_is_its_last_component_naming_a_step(token, checkpoint):
+    assert checkpoint_of(token) == checkpoint

@@ -60,6 +60,9 @@ def test_attrs_keep_types_drop_nulls_and_let_static_win():
     only_static = attrs_json_of(pl.DataFrame({"_row": [0, 1]}), {"reporter": "agent"})
     assert only_static.to_list() == ['{"reporter": "agent"}'] * 2
     assert attrs_json_of(pl.DataFrame({"_row": [0]}), {}).to_list() == ["{}"]
+    # a save line that says it is asynchronous: async true, unless the row captured its own
+    said = pl.DataFrame({"async": [None, "no", None], "_async": [True, True, False]})
+    assert [json.loads(t) for t in attrs_json_of(said, {}).to_list()] == [{"async": True}, {"async": "no"}, {}]
 
 
 values = {

@@ -79,7 +79,7 @@ import polars as pl
 import yaml
 
 from ckptwatch.ingest import timestamps
-from ckptwatch.naming import step_from_path
+from ckptwatch.naming import checkpoint_of, step_from_path
 from ckptwatch.schema import EVENT_KINDS, EVENT_SCHEMA, RECORD_SCHEMA, TS, empty_events
 
 #: libyaml's safe loader where PyYAML was built with it (the packs are ~200 rules: 10x faster)
@@ -105,7 +105,7 @@ class Rule:
     id: str
     event: str
     pattern: str
-    prefilter: str
+    prefilters: tuple[str, ...]  # literals: a record holding any one of them is tested
     file: str
     sources: tuple[str, ...] = ()
     attrs: dict[str, Any] = field(default_factory=dict)
@@ -116,7 +116,6 @@ class Rule:
     source: str = ""  # the framework file and function the wording was read from
     during: str | None = None  # only records that are tracebacks through this code (save / load)
     unless: str | None = None  # a pattern: records it matches are left to later rules
-    also_prefilters: tuple[str, ...] = ()  # a list prefilter's other literals (any one admits a record)
     requires: tuple[str, ...] = ()  # patterns a record must also match, anywhere and in any order
 
 
@@ -569,7 +568,7 @@ def _parse_rule(raw: Any, file: str, index: int, *, trusted: bool = False) -> Ru
     if raw.get("disable") is not None:
         if raw.get("disable") is not True or set(raw) - {"id", "disable", "description"}:
             raise RuleError(file, rid, "a disabling entry is {id: <packaged rule id>, disable: true} and nothing else")
-        return Rule(id=rid, event="", pattern="", prefilter="", file=file, disable=True)
+        return Rule(id=rid, event="", pattern="", prefilters=(), file=file, disable=True)
     if not isinstance(raw.get("event"), str) or not raw["event"]:
         raise RuleError(file, rid, "missing or empty 'event' (a string)")
     _check_pattern(raw, file, rid, cost=not trusted)
@@ -614,8 +613,7 @@ def _parse_rule(raw: Any, file: str, index: int, *, trusted: bool = False) -> Ru
         raise RuleError(file, rid, "needs at least one 'match' example")
     return Rule(
         id=rid, event=raw["event"], pattern=raw["pattern"], file=file,
-        prefilter=raw["prefilter"][0] if isinstance(raw["prefilter"], list) else raw["prefilter"],
-        also_prefilters=tuple(raw["prefilter"][1:]) if isinstance(raw["prefilter"], list) else (),
+        prefilters=tuple(raw["prefilter"]) if isinstance(raw["prefilter"], list) else (raw["prefilter"],),
         sources=tuple(sources), attrs=attrs, path_format=path_format,
         match_examples=tuple(matches), no_match_examples=tuple(no_matches), source=raw.get("source", ""),
         during=raw.get("during"), unless=unless, requires=tuple(requires),
@@ -806,8 +804,8 @@ class RuleSet:
         # literal by literal, and each rule looks at the ones its literal admits that no
         # earlier rule claimed
         # a rule whose pattern starts with (?i) has its literal found whatever its case
-        exact = list(dict.fromkeys(lit for r in self.rules if not _folds_case(r) for lit in _prefilters(r)))
-        folded = list(dict.fromkeys(lit.lower() for r in self.rules if _folds_case(r) for lit in _prefilters(r)))
+        exact = list(dict.fromkeys(lit for r in self.rules if not _folds_case(r) for lit in r.prefilters))
+        folded = list(dict.fromkeys(lit.lower() for r in self.rules if _folds_case(r) for lit in r.prefilters))
         line = pl.col("line")
         keep = line.str.contains_any(exact) if exact else pl.lit(False)  # a set of (?i) rules only has none
         if folded:
@@ -830,7 +828,7 @@ class RuleSet:
         parts: list[pl.DataFrame] = []
         for rule in self.rules:
             m = None
-            for lit in _prefilters(rule):
+            for lit in rule.prefilters:
                 lm = masks.get(_FOLDED + lit.lower() if _folds_case(rule) else lit)
                 m = lm if m is None else (m if lm is None else m | lm)
             if m is None:
@@ -897,14 +895,11 @@ class RuleSet:
                                                    keep_other=True),
                           dtype=pl.Utf8),
                 pl.Series("_at_line", _match_lines(hit["line"], rule.pattern, multi), dtype=pl.Int64))
-        attrs_json = attrs_json_of(captured, rule.attrs)
         if rule.event == "save_start" and "async" not in rule.attrs:  # 'async save scheduled', 'in the background'
-            said = (hit["line"].str.contains(_ASYNC_SAVE) & ~hit["line"].str.contains(_MAYBE_ASYNC)
-                    & ~attrs_json.str.contains('"async"', literal=True))
+            said = hit["line"].str.contains(_ASYNC_SAVE) & ~hit["line"].str.contains(_MAYBE_ASYNC)
             if said.any():
-                attrs_json = (pl.select(pl.when(said).then(pl.when(attrs_json == "{}").then(pl.lit('{"async": true}'))
-                                                       .otherwise(pl.lit('{"async": true, ') + attrs_json.str.slice(1)))
-                                        .otherwise(attrs_json)).to_series())
+                captured = captured.with_columns(said.alias("_async"))
+        attrs_json = attrs_json_of(captured, rule.attrs)
         for name in ("pid", "step", "path"):
             if name not in df.columns:
                 df = df.with_columns(pl.lit(None, dtype=_COLUMN_GROUPS[name]).alias(name))
@@ -1021,25 +1016,14 @@ _PATH_TOKEN = (r"(?:[a-z][a-z0-9+]*://[^\s'\",;()\[\]{}]+|[\w.~-]*/[^\s'\",;()\[
 
 def _named_path(lines: pl.Series, path: pl.Series) -> pl.Series:
     """``path`` where the rule captured one; elsewhere the checkpoint the first path-like token
-    of the line names by a trainer's convention (:func:`_checkpoint_part`: ``…
+    of the line names by a trainer's convention (:func:`ckptwatch.naming.checkpoint_of`: ``…
     /ckpt/run1/checkpoint-1500/trainer_state.json`` gives ``/ckpt/run1/checkpoint-1500``), else
     null: a path that names no step is not taken, so no rule's reading changes by a path it
     did not ask for. Shapes: two Utf8 series of one length."""
     tokens = lines.str.extract_all(_PATH_TOKEN).to_list()
-    found = [p if p is not None else next((c for t in (ts or ()) if (c := _checkpoint_part(t)) is not None), None)
+    found = [p if p is not None else next((c for t in (ts or ()) if (c := checkpoint_of(t)) is not None), None)
              for p, ts in zip(path, tokens, strict=True)]
     return pl.Series("path", found, dtype=pl.Utf8)
-
-
-def _checkpoint_part(token: str) -> str | None:
-    """The checkpoint a path-like token names: the token up to its last component that names
-    a step (``ckpt/global_step20/mp_rank_00_model_states.pt`` -> ``ckpt/global_step20``: the
-    checkpoint, not one of its files), or None when no component names one."""
-    parts = token.rstrip("/.,;:'\")]").split("/")
-    for n in range(len(parts), 0, -1):
-        if step_from_path(parts[n - 1]) is not None:
-            return "/".join(parts[:n])
-    return None
 
 
 #: a peer's report of a collective that failed: a rank waiting in a save's barrier is not the
@@ -1049,11 +1033,6 @@ _PEER_KINDS = ("collective_error", "collective_timeout")
 
 #: the key of a case-folded literal's mask (see :func:`_folds_case`)
 _FOLDED = "\x00i:"
-
-
-def _prefilters(rule: Rule) -> tuple[str, ...]:
-    """The rule's prefilter literals: a record holding any of them is tested."""
-    return (rule.prefilter, *rule.also_prefilters)
 
 
 def _folds_case(rule: Rule) -> bool:
@@ -1193,14 +1172,17 @@ def attrs_json_of(captured: pl.DataFrame, static: dict[str, Any]) -> pl.Series:
 
     ``captured``: one column per captured group (Int64, Float64 or Utf8; null where the
     line did not have it: the key is left out), and optionally ``_during`` (Utf8: the code a
-    traceback ran through, kept as ``during`` unless the row has one) and ``_at_line``
-    (Int64: the line of a multi-line record the match starts on, kept when not 0).
+    traceback ran through, kept as ``during`` unless the row has one), ``_at_line``
+    (Int64: the line of a multi-line record the match starts on, kept when not 0) and
+    ``_async`` (Boolean: the save line says it is asynchronous, ``async: true`` unless the
+    row captured an ``async`` of its own).
     ``static``: the rule's constant attributes, which win over captured ones. The text is
     ``json.dumps(d, sort_keys=True)``'s up to number spelling and non-ASCII escapes (same
     values when parsed); NaN and infinities are spelled as Python's ``json`` does."""
     names = [c for c in captured.columns if not c.startswith("_")]
     keys = sorted(set(names) | set(static) | ({"during"} if "_during" in captured.columns else set())
-                  | ({"at_line"} if "_at_line" in captured.columns else set()))
+                  | ({"at_line"} if "_at_line" in captured.columns else set())
+                  | ({"async"} if "_async" in captured.columns else set()))
     frags: list[pl.Expr] = []
     for k in keys:
         head = json.dumps(k) + ": "
@@ -1210,6 +1192,8 @@ def attrs_json_of(captured: pl.DataFrame, static: dict[str, Any]) -> pl.Series:
             value = _json_value(captured, k) if k in names else pl.lit(None, dtype=pl.Utf8)
         if k == "during" and "_during" in captured.columns and k not in static:
             value = pl.coalesce(value, _json_value(captured, "_during"))
+        if k == "async" and "_async" in captured.columns and k not in static:
+            value = pl.coalesce(value, pl.when(pl.col("_async")).then(pl.lit("true")))
         if k == "at_line" and "_at_line" in captured.columns:
             value = pl.when(pl.col("_at_line") != 0).then(pl.col("_at_line").cast(pl.Utf8)).otherwise(value)
         frags.append(pl.concat_str([pl.lit(head), value]))
@@ -1264,8 +1248,8 @@ def check_examples(ruleset: RuleSet) -> list[RuleError]:
         kind = rule.sources[0] if rule.sources else "log"
         lines = [line for line, _ in rule.match_examples]
         for line in lines:
-            if not any((lit.lower() in line.lower()) if _folds_case(rule) else (lit in line) for lit in _prefilters(rule)):
-                errors.append(RuleError(rule.file, rule.id, f"prefilter {list(_prefilters(rule))} is not in match example "
+            if not any((lit.lower() in line.lower()) if _folds_case(rule) else (lit in line) for lit in rule.prefilters):
+                errors.append(RuleError(rule.file, rule.id, f"prefilter {list(rule.prefilters)} is not in match example "
                                                             f"{line[:80]!r}: the rule could never see it"))
         events = ruleset.apply(_example_records(lines, kind))
         by_offset = {row["offset"]: row for row in events.iter_rows(named=True)}
