@@ -41,7 +41,7 @@ from ckptwatch.detectors.cause import attribute
 from ckptwatch.detectors.events import FAILURE_KINDS, Ev
 from ckptwatch.detectors.incident import Incident
 from ckptwatch.detectors.jobstate import JobState, Retired
-from ckptwatch.detectors.saves import UNKNOWN_STEP, SaveState, saves_of
+from ckptwatch.detectors.saves import UNKNOWN_STEP, SaveState, saves_of, stored_elsewhere
 
 
 #: The kinds this module reports.
@@ -115,7 +115,7 @@ def evaluate(
         n_before = len(out)
         start = s.first_ts - dt.timedelta(seconds=windows.pre_window)
         failures = sorted(
-            {e.ref: e for e in [*job_failures, *host_events] if e.ts >= start}.values(),
+            {e.ref: e for e in [*job_failures, *host_events] if e.ts >= start and not stored_elsewhere(e, s.path)}.values(),
             key=lambda e: (e.ts, e.source_id, e.offset),
         )
         # failures that belong to a later save's window are that save's business

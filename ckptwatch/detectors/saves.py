@@ -138,6 +138,41 @@ def _file_of(path: str | None) -> str | None:
     return name if _CKPT_FILE.search(name) else None
 
 
+def _parts(path: str) -> list[str]:
+    """A path's components, without a URL scheme, empty parts or ``.``."""
+    path = re.sub(r"^[a-z][a-z0-9+.-]*://", "", path.strip())
+    return [x for x in re.split(r"[/\\]+", path) if x and x != "."]
+
+
+def _holds(seq: list[str], sub: list[str]) -> bool:
+    """``sub`` is a contiguous run of ``seq`` (both component lists; an empty ``sub`` is not)."""
+    n = len(sub)
+    return n > 0 and any(seq[i:i + n] == sub for i in range(len(seq) - n + 1))
+
+
+def stored_elsewhere(e: Ev, checkpoint: str | None) -> bool:
+    """``e`` is a storage error on a path that has nothing to do with the checkpoint being
+    saved (wandb's ``[Errno 28] No space left on device: '/tmp/wandb/…/output.log'`` during
+    the save of ``out/checkpoint-200``): not the save's failure. Related, and so False, when
+    either path is unknown or the error's path holds the checkpoint's path, its directory
+    (a temporary sibling such as HF's ``tmp-checkpoint-200``) or its last component (an
+    upload named from the checkpoint's folder), or is one of the checkpoint's parents (the
+    mount it lives on; for a relative checkpoint, any absolute path of one or two
+    components). Paths are compared by component, a URL scheme dropped."""
+    if e.kind != "storage_error" or not e.path or not checkpoint:
+        return False
+    err, ckpt = _parts(e.path), _parts(checkpoint)
+    if not err or not ckpt:
+        return False
+    if _holds(err, ckpt) or _holds(err, ckpt[:-1]) or ckpt[-1] in err:
+        return False
+    if checkpoint.startswith("/"):
+        return ckpt[:len(err)] != err
+    # a relative checkpoint lies under a working directory the logs do not name: a short
+    # absolute path (a mount such as /data) may be its parent
+    return len(err) > 2
+
+
 def _before(a: Ev, b: Ev) -> bool:
     """``a`` came before ``b``: by time, and for lines that share a time (undated lines
     inherit one) by their order in one file; in two files such lines are not ordered, so
@@ -279,7 +314,7 @@ def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
             s.expected = logged
         if s.first_ts is None:
             continue
-        failed_at = next((f for f in failures if f.ts >= s.first_ts), None)
+        failed_at = next((f for f in failures if f.ts >= s.first_ts and not stored_elsewhere(f, s.path)), None)
         # a run that, after the save began, resumed from this step or an older one is another
         # process: what its file logs after that (progress, end of training, saves) ends
         # nothing of this save (a run killed mid-save may log no failure; the next one goes
