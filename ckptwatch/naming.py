@@ -14,7 +14,13 @@ convention                  example                                             
 ``checkpoint_E_N``          ``checkpoints/checkpoint_1_1000.pt``                  fairseq (epoch, updates)
 ``baN``                     ``ep0-ba100-rank0.pt``                                Composer ``save_filename``
 ``model_NNNNNNN``           ``output/model_0004999.pth``                          detectron2 ``PeriodicCheckpointer`` (7 digits)
+``epoch_N.*`` (a file)      ``work_dirs/epoch_12.pth``, ``epoch=3.ckpt``          mmengine / mmcv ``CheckpointHook`` (by epoch), Lightning
 ==========================  ====================================================  ============================
+
+A file named by an epoch and no step (``epoch_12.pth``, ``epoch=3.ckpt``) is a trainer that
+counts in epochs: the epoch is the checkpoint's step. With a step beside it
+(``epoch=3-step=500``) the step wins; a folder named by an epoch (torchtune's ``epoch_0``,
+whose run logs its steps) names no step.
 
 Ray Train v1's ``checkpoint_000003`` (six zero-padded digits after an underscore) counts
 reports, not steps (ray/train/_internal/storage.py ``_get_checkpoint_dir_name``), and
@@ -40,6 +46,12 @@ FAIRSEQ_UPDATES = re.compile(r"(?i)(?:^|[^a-z0-9])checkpoint_\d+_(\d{1,12})(?!\d
 #: detectron2's PeriodicCheckpointer: '{}_{:07d}'.format(file_prefix, iteration), prefix 'model'
 #: (fvcore/common/checkpoint.py); seven digits, so that 'model_7b' or 'model_2' is no step
 DETECTRON2_ITER = re.compile(r"(?i)(?:^|[^a-z0-9])model_(\d{7})(?!\d)")
+#: an epoch-counting trainer's name (mmengine CheckpointHook ``epoch_{n}.pth``, Lightning
+#: ``epoch={epoch}.ckpt``): the epoch is the step when the name has no step
+EPOCH_IN_NAME = re.compile(r"(?i)(?:^|[^a-z0-9])epoch[-_=]?0*(\d{1,6})(?!\d)")
+#: a file's name (``epoch_12.pth``), not a folder's: torchtune's ``epoch_0/`` folders hold a
+#: run that logs its steps, and their epoch would read as a step of another count
+_HAS_EXTENSION = re.compile(r"\.[A-Za-z][A-Za-z0-9]{0,11}$")
 
 
 _RAY_INDEX = re.compile(r"checkpoint_\d{6}")
@@ -61,6 +73,9 @@ def step_from_path(path: str | None) -> int | None:
         m = FAIRSEQ_UPDATES.search(part) or STEP_IN_NAME.search(part) or DETECTRON2_ITER.search(part)
         if m:
             return int(m.group(1))
+    name = re.split(r"[/\\]+", path.strip())[-1]
+    if _HAS_EXTENSION.search(name) and (m := EPOCH_IN_NAME.search(name)):
+        return int(m.group(1))
     return None
 
 
@@ -74,3 +89,21 @@ def checkpoint_of(token: str) -> str | None:
         if step_from_path(parts[n - 1]) is not None:
             return "/".join(parts[:n])
     return None
+
+
+#: a file name that is a checkpoint's or one of its files' (torch, safetensors, DCP, Keras / h5,
+#: TF's SaveV2 shards and index, Paddle, flax msgpack, darknet weights, Caffe)
+_CKPT_FILE_NAME = re.compile(
+    r"\.(?:pt|pth|safetensors|ckpt|distcp|h5|hdf5|keras|msgpack|pdparams|pdopt|weights|caffemodel|t7)$"
+    r"|(?:model|optim|weights|state|rank|shard)[\w.-]*\.(?:bin|npz)$"
+    r"|\.data-\d{5}-of-\d{5}|\.index$|^variables_temp|^latest\.")
+
+
+def names_checkpoint(path: str) -> bool:
+    """``path`` names a checkpoint or one of its files: a component names a step
+    (:func:`checkpoint_of`: ``global_step40``, ``checkpoint-500``, ``epoch_12.pth``), or its
+    file name has a checkpoint's extension or shape (:data:`_CKPT_FILE_NAME`). Not a logger's
+    or a cache's file (``/tmp/wandb/…/output.log``, ``~/.cache/huggingface/hub``)."""
+    if checkpoint_of(path) is not None:
+        return True
+    return any(_CKPT_FILE_NAME.search(part) for part in re.split(r"[/\\]+", path.strip().rstrip("/")) if part)

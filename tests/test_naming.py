@@ -23,7 +23,9 @@ from ckptwatch.naming import checkpoint_of, step_from_path
     ("/mnt/exp/checkpoint_000003", None),                          # Ray v1: a report index
     ("checkpoints/checkpoint_1_1000.pt", 1000),                    # fairseq: epoch 1, 1000 updates
     ("checkpoints/big_wmt/checkpoint5.pt", None),                  # fairseq: epoch 5, no step
-    ("/output/llama/epoch_0", None),                               # torchtune: an epoch
+    ("/output/llama/epoch_0", None),                               # torchtune: a folder named by an epoch
+    ("work_dirs/faster_rcnn/epoch_12.pth", 12),                     # mmengine CheckpointHook by epoch
+    ("lightning_logs/version_0/checkpoints/epoch=3-step=500.ckpt", 500),  # the step wins
     ("bf16_zero_pp_rank_3_mp_rank_00_optim_states.pt", None),      # a rank, not a step
 ])
 def test_step_from_path(path, step):

@@ -10,6 +10,8 @@ from typing import Any
 
 import polars as pl
 
+from ckptwatch.naming import names_checkpoint
+
 #: Kinds that are evidence of something going wrong (candidates for root cause or collateral).
 FAILURE_KINDS = frozenset(
     {"process_exit", "agent_signal", "oom_kill", "collective_timeout", "collective_error", "storage_error",
@@ -158,3 +160,22 @@ class Ev:
                     pick = x.strip()
                     break
         return pick[:limit]
+
+
+#: storage errors only a write raises (the storage rules' ``class``): out of space, over
+#: quota, a read-only file system, a write that failed outright
+WRITE_ERROR_CLASSES = frozenset({"no_space", "quota", "read_only", "write_failed"})
+
+
+def in_save(e: Ev) -> bool:
+    """``e`` says a save was under way: a failure whose traceback ran through save code
+    (``attrs.during == "save"``), or an error only a write raises on a path named like a
+    checkpoint or one of its files (``[Errno 28] No space left on device: '/ckpt/global_step40/
+    …_optim_states.pt'``: the save of global_step40 failed, whether or not its save line was
+    printed; wandb's on ``/tmp/wandb/…/output.log`` says nothing of a save)."""
+    if e.kind not in FAILURE_KINDS:
+        return False
+    if e.attrs.get("during") == "save":
+        return True
+    return (e.kind == "storage_error" and e.attrs.get("class") in WRITE_ERROR_CLASSES
+            and e.path is not None and names_checkpoint(e.path))

@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from ckptwatch.detectors.events import Ev
+from ckptwatch.detectors.events import Ev, in_save
 from ckptwatch.detectors.jobstate import NO_STEP, JobState, ev_key
 
 #: a step that is a multiple of this is a save interval's (save_steps 50, 100, 200, 500, 1000 …)
@@ -63,7 +63,7 @@ def presumed_saves(state: JobState, events: list[Ev]) -> list[Ev]:
     them (they are in ``state.progress_by_rank``). Zero or one event; it has the progress
     line's time, file, offset and text, the step of the last stepped line before the death,
     and ``rule_id`` ``ckptwatch.presumed_save``."""
-    if any(e.kind in ("save_start", "save_end", "save_error") or e.attrs.get("during") == "save" for e in events):
+    if any(e.kind in ("save_start", "save_end", "save_error") or in_save(e) for e in events):
         return []
     if any(e.kind == "job_signal" and e.attrs.get("sender") in _SCHEDULERS for e in events):
         return []  # a time limit, a preemption, a cancel: the moment is the scheduler's, not the save's

@@ -43,7 +43,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from ckptwatch.detectors.events import FAILURE_KINDS, Ev
+from ckptwatch.detectors.events import FAILURE_KINDS, Ev, in_save
 from ckptwatch.detectors.jobstate import NO_STEP, JobState, ev_key as _key
 from ckptwatch.detectors.save_points import presumed_saves
 
@@ -222,7 +222,7 @@ def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
     for ev in events:
         if ev.kind == "job_end":
             ends.append(ev)
-        during_save = ev.attrs.get("during") == "save" and ev.kind in FAILURE_KINDS
+        during_save = in_save(ev)
         if ev.kind in FAILURE_KINDS and ev.kind != "save_error":
             failures.append(ev)
         if ev.kind in ("job_failed", "process_exit", "oom_kill", "job_signal", "resume", "load_start"):
