@@ -14,6 +14,7 @@ convention                  example                                             
 ``checkpoint_E_N``          ``checkpoints/checkpoint_1_1000.pt``                  fairseq (epoch, updates)
 ``baN``                     ``ep0-ba100-rank0.pt``                                Composer ``save_filename``
 ``model_NNNNNNN``           ``output/model_0004999.pth``                          detectron2 ``PeriodicCheckpointer`` (7 digits)
+``save-N-E-S``              ``…-2025-05-13_20-46-50-save-50-2-0.safetensors``     OneTrainer (global step, epoch, epoch step)
 ``epoch_N.*`` (a file)      ``work_dirs/epoch_12.pth``, ``epoch=3.ckpt``          mmengine / mmcv ``CheckpointHook`` (by epoch), Lightning
 ==========================  ====================================================  ============================
 
@@ -46,6 +47,9 @@ FAIRSEQ_UPDATES = re.compile(r"(?i)(?:^|[^a-z0-9])checkpoint_\d+_(\d{1,12})(?!\d
 #: detectron2's PeriodicCheckpointer: '{}_{:07d}'.format(file_prefix, iteration), prefix 'model'
 #: (fvcore/common/checkpoint.py); seven digits, so that 'model_7b' or 'model_2' is no step
 DETECTRON2_ITER = re.compile(r"(?i)(?:^|[^a-z0-9])model_(\d{7})(?!\d)")
+#: OneTrainer's GenericTrainer save name: '{prefix}{timestamp}-save-{global_step}-{epoch}-{epoch_step}'
+#: (modules/util/TrainProgress.py filename_string)
+ONETRAINER_SAVE = re.compile(r"(?i)-save-(\d{1,12})-\d+-\d+(?!\d)")
 #: an epoch-counting trainer's name (mmengine CheckpointHook ``epoch_{n}.pth``, Lightning
 #: ``epoch={epoch}.ckpt``): the epoch is the step when the name has no step
 EPOCH_IN_NAME = re.compile(r"(?i)(?:^|[^a-z0-9])epoch[-_=]?0*(\d{1,6})(?!\d)")
@@ -70,7 +74,8 @@ def step_from_path(path: str | None) -> int | None:
     for part in reversed(re.split(r"[/\\]+", path.strip().rstrip("/\\"))):
         if _RAY_INDEX.fullmatch(part) or _TF_SAVE_COUNTER.fullmatch(part):
             continue
-        m = FAIRSEQ_UPDATES.search(part) or STEP_IN_NAME.search(part) or DETECTRON2_ITER.search(part)
+        m = (FAIRSEQ_UPDATES.search(part) or STEP_IN_NAME.search(part) or DETECTRON2_ITER.search(part)
+             or ONETRAINER_SAVE.search(part))
         if m:
             return int(m.group(1))
     name = re.split(r"[/\\]+", path.strip())[-1]

@@ -25,6 +25,7 @@ from ckptwatch.naming import checkpoint_of, step_from_path
     ("checkpoints/big_wmt/checkpoint5.pt", None),                  # fairseq: epoch 5, no step
     ("/output/llama/epoch_0", None),                               # torchtune: a folder named by an epoch
     ("work_dirs/faster_rcnn/epoch_12.pth", 12),                     # mmengine CheckpointHook by epoch
+    ("D:/workspace/save/run_2025-05-13_20-46-50-save-50-2-0.safetensors", 50),  # OneTrainer: step 50, epoch 2
     ("lightning_logs/version_0/checkpoints/epoch=3-step=500.ckpt", 500),  # the step wins
     ("bf16_zero_pp_rank_3_mp_rank_00_optim_states.pt", None),      # a rank, not a step
 ])

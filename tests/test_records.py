@@ -60,6 +60,26 @@ def test_a_hard_wrapped_watchdog_line_is_read_whole(tmp_path):
     assert ev["ts"][0] == dt.datetime(2026, 12, 1, 10, 18, 25, 123456, UTC)
 
 
+def test_records_that_happen_to_be_of_one_length_are_not_a_terminals_wrap(tmp_path):
+    """Issue 36, item 1: four 'saving model to …' lines of exactly 201 characters, each
+    followed by a dated line; the bash 'Killed' after the last one stayed glued to it, so the
+    step-4000 save and its death were one record. Lines of the longest length that are each
+    followed by a record of its own are records, not a wrap; the Killed line stands alone."""
+    def save(step: int) -> str:
+        head = f"2026-12-01 10:{step // 100:02d}:00,000 INFO saving model to /ckpt/run1/checkpoint-{step}/"
+        return head + "x" * (201 - len(head) - len("model.safetensors")) + "model.safetensors"
+    lines = []
+    for step in (1000, 2000, 3000, 4000):
+        lines += [f"2026-12-01 10:{step // 100 - 1:02d}:30,000 INFO step {step} loss 0.5", save(step)]
+        if step < 4000:
+            lines.append(f"2026-12-01 10:{step // 100:02d}:10,000 INFO saved checkpoint-{step}")
+    lines.append("Killed")
+    assert {len(x) for x in lines if "saving" in x} == {201}
+    (tmp_path / "train.log").write_text("\n".join(lines) + "\n")
+    recs = read(tmp_path / "train.log")["line"].to_list()
+    assert recs[-1] == "Killed" and recs[-2].endswith("checkpoint-4000/" + "x" * (recs[-2].count("x")) + "model.safetensors")
+
+
 def test_another_processes_line_inside_a_traceback_does_not_swallow_it(tmp_path):
     log = tmp_path / "console.log"
     log.write_text(

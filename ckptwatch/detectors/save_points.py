@@ -22,7 +22,10 @@ standing on the save's step, for as long as the save takes.
   scheduler stopped the job (a time limit, a preemption, ``scancel``, an eviction: its
   moment is the scheduler's);
 * the last progress line before that death shows a completed bar (``100%``, ``N/N``), or a
-  step that is a multiple of :data:`ROUND` (at least ``ROUND``).
+  step that is a multiple of :data:`ROUND` (at least ``ROUND``) in a stream that also logged
+  steps that are not, or on a tqdm bar (redrawn at every step): where every logged step is
+  round, the roundness is the logging cadence's (YOLOX logs ``iter: 12700/14786`` every few
+  iterations).
 
 The save's step is the last step logged before the death (the bar's own, or the training
 bar's before an evaluation bar that completed). What the logs do not show (that a save was
@@ -57,6 +60,19 @@ def _death(e: Ev) -> bool:
     return False
 
 
+#: a tqdm bar (``200/4443 [11:11:27<255:23:04, 216.68s/it]``): it is redrawn at every step, so
+#: standing on a round step is the save's doing, not the cadence's
+_TQDM_BAR = re.compile(r"\d+/\d+ \[\d+:\d+")
+
+
+def _off_round(bucket, upto: int) -> bool:
+    """The bucket logged a step that is not a multiple of :data:`ROUND` up to index ``upto``:
+    its cadence is finer than a save interval, so a round step stands out. A trainer that
+    logs every 50 or 100 iterations (YOLOX's ``iter: 12700/14786``) shows only round steps,
+    and one of them being round says nothing."""
+    return any(s != NO_STEP and s % ROUND for s in bucket.step[:upto + 1])
+
+
 def presumed_saves(state: JobState, events: list[Ev]) -> list[Ev]:
     """The ``save_start`` events presumed at a save point for the job of ``state`` (see the
     module docstring); ``events``: the job's events in time order, progress lines not among
@@ -88,6 +104,8 @@ def presumed_saves(state: JobState, events: list[Ev]) -> list[Ev]:
     complete = bool(_COMPLETE.search(line.line))
     if not complete and (step == NO_STEP or step < ROUND or step % ROUND):
         return []
+    if not complete and not _TQDM_BAR.search(line.line) and not _off_round(bucket, i):
+        return []  # every step it logged is round: that is its logging cadence, not a save point
     attrs = dict(line.attrs, presumed="save_point")
     return [dataclasses.replace(line, kind="save_start", step=stepped[1], path=None, rule_id="ckptwatch.presumed_save",
                                 dedup_key=f"presumed:{line.dedup_key}", attrs=attrs)]

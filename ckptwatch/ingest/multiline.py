@@ -95,7 +95,10 @@ def unwrap(lines: pl.DataFrame, *, by: str | None = None, min_width: int = 60, m
     batch have exactly the batch's longest length W (``min_width`` to ``max_width``
     characters: a terminal's width), a line of length W is continued by the next line,
     glued without a separator (the wrap falls mid-word), unless that next line starts a
-    record of its own (a time, a label, a bracket, a traceback). ``lines``:
+    record of its own (a time, a label, a bracket, a traceback). A batch where most lines of
+    width W are followed by a line that starts a record is no terminal's: its lines are
+    records that happen to be of one length (four 201-character save lines), and nothing is
+    joined. ``lines``:
     ``offset``, ``line`` in file order (raw, prefixes not removed); the joined line keeps
     the offset of its first piece. ``by``: a column telling files apart (rows of one file
     contiguous): each file's lines are a batch of their own."""
@@ -109,11 +112,17 @@ def unwrap(lines: pl.DataFrame, *, by: str | None = None, min_width: int = 60, m
     marks = lines.select(*([pl.col(by)] if by else []), width.alias("_width"), per_file(width.max()).alias("_top"))
     at_top = pl.col("_width") == pl.col("_top")
     marks = marks.with_columns(
-        (pl.col("_top").is_between(min_width, max_width) & (per_file(at_top.sum()) >= min_wrapped)).alias("_terminal"),
-        per_file(at_top.shift(1)).fill_null(False).alias("_after_top"))
+        per_file(at_top.shift(1)).fill_null(False).alias("_after_top"),
+        lines["line"].str.contains(_STARTS_RECORD).alias("_record"))
+    # a terminal's wrap leaves a piece after most lines of its width; lines of one length that
+    # are each followed by a line starting a record of its own are records of equal length
+    after, piece = pl.col("_after_top"), pl.col("_after_top") & ~pl.col("_record")
+    marks = marks.with_columns(
+        (pl.col("_top").is_between(min_width, max_width) & (per_file(at_top.sum()) >= min_wrapped)
+         & (per_file(piece.sum()) * 2 >= per_file(after.sum()))).alias("_terminal"))
     if not marks["_terminal"].any():
         return lines
-    wrapped = (marks["_terminal"] & marks["_after_top"] & ~lines["line"].str.contains(_STARTS_RECORD)).alias("_wr")
+    wrapped = (marks["_terminal"] & marks["_after_top"] & ~marks["_record"]).alias("_wr")
     if not wrapped.any():
         return lines
     return (
