@@ -40,7 +40,7 @@ from ckptwatch.detectors import remediation
 from ckptwatch.detectors.cause import attribute
 from ckptwatch.detectors.events import FAILURE_KINDS, Ev
 from ckptwatch.detectors.incident import Incident
-from ckptwatch.detectors.jobstate import JobState, Retired
+from ckptwatch.detectors.jobstate import JobState, Retired, ev_key
 from ckptwatch.detectors.saves import UNKNOWN_STEP, SaveState, saves_of, stored_elsewhere
 
 
@@ -74,15 +74,28 @@ def _last_good(saves: dict[int, SaveState], retired: dict[int, Retired], complet
     return {"step": best.step, "path": best.path}
 
 
-def _next_start(saves: dict[int, SaveState], retired: dict[int, Retired]) -> dict[int, dt.datetime | None]:
-    """key -> the earliest first_ts of a save of a higher step (kept or retired), or of the
-    same step's next attempt (None if there is none)."""
-    out: dict[int, dt.datetime | None] = {}
+def _first_key(s: SaveState) -> tuple | None:
+    """The place in time of the save's first line (a start, an end or a failure): ``(ts,
+    source_id, offset)``, so that lines of one file sharing an inherited time keep their order."""
+    return min((ev_key(e) for e in (*s.started.values(), *s.finished.values(), *s.failed.values())), default=None)
+
+
+def _next_start(saves: dict[int, SaveState], retired: dict[int, Retired]) -> dict[int, tuple | None]:
+    """key -> the place in time (:func:`_first_key`) of the earliest later save: of a higher
+    step (kept or retired), or the same step's next attempt; for a save of a step the logs do
+    not show (:data:`UNKNOWN_STEP`), any save whose first line comes after its own. None if
+    there is none."""
+    out: dict[int, tuple | None] = {}
+    firsts = {k: _first_key(x) for k, x in saves.items()}
     for key, s in saves.items():
-        later = [x.first_ts for x in saves.values() if x.first_ts is not None and s.first_ts is not None
-                 and (x.step > s.step or (x.step == s.step and x.first_ts > s.first_ts))]
-        if s.first_ts is not None:
-            later += [r.first_ts for step, r in retired.items() if step > s.step]
+        mine = firsts[key]
+        if mine is None:
+            out[key] = None
+            continue
+        later = [firsts[k] for k, x in saves.items() if firsts[k] is not None and (
+            firsts[k] > mine if s.step == UNKNOWN_STEP or x.step == s.step else x.step > s.step)]
+        if s.step != UNKNOWN_STEP:
+            later += [(r.first_ts, "", -1) for step, r in retired.items() if step > s.step and r.first_ts is not None]
         out[key] = min(later, default=None)
     return out
 
@@ -121,7 +134,7 @@ def evaluate(
         # failures that belong to a later save's window are that save's business
         later = next_start[key]
         if later is not None:
-            failures = [e for e in failures if e.ts < later]
+            failures = [e for e in failures if ev_key(e) < later]
         save_items = [(e, "save") for e in (*s.started.values(), *s.finished.values(), *s.failed.values())]
         last_good = _last_good(saves, state.retired, complete_steps, step)
         deaths = [e for e in failures if e.kind not in ("save_error", "job_failed")]
@@ -150,7 +163,11 @@ def evaluate(
         elif watermark - s.first_ts >= dt.timedelta(seconds=windows.stall_after):
             out.append(_incident("stalled_save", state, s, None, [], last_good, save_items, s.first_ts))
         again = any(x.step == step and x.complete and x.first_ts and x.first_ts > s.first_ts for x in saves.values())
-        if len(out) > n_before and ((complete_steps and complete_steps[-1] > step) or again):
+        if step == UNKNOWN_STEP:  # of no known step: resolved only by a save that came after it
+            mine = _first_key(s)
+            again = any(x.complete and (k := _first_key(x)) is not None and mine is not None and k > mine
+                        for x in saves.values())
+        if len(out) > n_before and ((complete_steps and complete_steps[-1] > step and step != UNKNOWN_STEP) or again):
             out[-1].status = "resolved"  # a later save, or a later attempt of this step, completed
     return out
 

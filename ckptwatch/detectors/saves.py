@@ -182,6 +182,15 @@ def _before(a: Ev, b: Ev) -> bool:
     return a.offset < b.offset if a.source_id == b.source_id else True
 
 
+def _went_on_between(bucket, after: tuple, before: tuple) -> bool:
+    """The rank's progress stream (a ``ProgressBucket`` or None) logged a line between the
+    event keys ``after`` and ``before``."""
+    if bucket is None:
+        return False
+    i = bucket.last_before(before)
+    return i is not None and bucket.key(i) > after
+
+
 def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
     """All saves of a job by step, with expected ranks and implicit ends filled in.
     ``events``: the job's events in time order (progress lines are in
@@ -255,8 +264,11 @@ def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
         if ev.kind == "save_start" and ev.step is not None:
             started_step[rank] = (_key(ev), ev.step)
         s = saves.setdefault(step, SaveState(step=step))
-        if ev.kind == "save_start" and step == UNKNOWN_STEP and rank in s.finished and rank not in s.failed:
-            abandoned.append(s)  # saves of no known step, one after another: each is a save of its own
+        if (ev.kind == "save_start" and step == UNKNOWN_STEP and rank in s.started and rank not in s.failed
+                and (rank in s.finished or _went_on_between(progress.get(rank), _key(s.started[rank]), _key(ev)))):
+            # saves of no known step, one after another (ended, or the rank trained on between
+            # them: ColossalAI's 'Start saving model checkpoint…' at each interval): each is its own
+            abandoned.append(s)
             s = saves[step] = SaveState(step=step)
         if ev.kind == "save_start" and rank in s.started and rank not in s.failed:
             since = s.started[rank].ts

@@ -48,7 +48,9 @@ _OWN_INDENTED = (r"^\s+(?:successfully (?:saved|loaded) checkpoint|scheduled an 
                  # Rich's log handler leaves the time column blank within one second
                  r"|\s{8,}(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s{2,}\S"
                  # tqdm pads its percentage to three places: ' 50%|█████     | 501/1000 [...]'
-                 r"|\d{1,2}%\|)")  # a dated line is never a continuation
+                 r"|\d{1,2}%\|"
+                 # Keras pads its bar's count to the total's width: '   1/1563   42s 27ms/step - loss'
+                 r"|\d+/\d+\s+(?:[━\[]|\d+m?s\s))")  # a dated line is never a continuation
 
 
 #: a frame line that lost its indentation (a paste outside a code block: markdown strips it)
