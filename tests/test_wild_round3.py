@@ -48,3 +48,19 @@ def test_a_kill_on_a_round_step_is_a_presumed_save_only_where_steps_are_not_all_
     lines.append("2024-01-01 10:00:06 | INFO | trainer - iter: 600/9000, loss: 1.0")
     (tmp_path / "train.log").write_text("\n".join(lines + ["Killed"]) + "\n")
     assert found(tmp_path) == [("interrupted_save", 600, "signal")]
+
+
+def test_an_outer_counter_that_is_full_is_no_completed_bar(tmp_path):
+    """OpenRLHF's 'Episode [1/1]:  12%|█▏  | 37/312 [...]' stands on step 37 when Ray's memory
+    monitor kills an actor: the episode counter 1/1 is full, the bar is not, and step 37 is
+    no save point. A bar whose own count is full (tqdm's '500/500 [', Keras' '1563/1563 ━')
+    is one."""
+    from ckptwatch.detectors.save_points import _COMPLETE
+    assert not _COMPLETE.search("Episode [1/1]:  12%|█▏        | 37/312 [7:54:11<58:40:03, 768.07s/it]")
+    assert _COMPLETE.search("Training: 500/500 [02:00<00:00,  4.1it/s]")
+    assert _COMPLETE.search("1563/1563 ━━━━━━━━━━━━━━━━━━━━ 48s 30ms/step - loss: 0.64")
+    (tmp_path / "console.log").write_text(
+        "Episode [1/1]:  12%|█▏        | 37/312 [7:54:11<58:40:03, 768.07s/it, policy_loss=-0.0118]\n"
+        "(raylet, ip=10.20.4.10) [2024-11-18 04:07:41,882 E 48211 48211] (raylet) node_manager.cc:3219: 1 Workers "
+        "(tasks / actors) killed due to memory pressure (OOM), 0 Workers crashed due to other reasons on node\n")
+    assert found(tmp_path) == []

@@ -46,8 +46,10 @@ ROUND = 50
 _KILLS = frozenset({"SIGKILL", "SIGTERM"})
 #: senders of a job-wide signal that pick its moment themselves
 _SCHEDULERS = frozenset({"scheduler_time_limit", "scheduler_preemption", "scancel", "kubelet_eviction"})
-#: a progress bar that completed: tqdm's ``100%|`` or ``N/N`` with the same N
-_COMPLETE = re.compile(r"\b100%\||(?<![\d/])(\d+)/\1\b(?!/)")
+#: a progress bar that completed: tqdm's ``100%|``, or the bar's own count ``N/N`` (tqdm's
+#: before its ``[elapsed<left]``, Keras' before its ``━━━``); not an outer counter that happens
+#: to be full (OpenRLHF's ``Episode [1/1]:  12%|█▏  | 37/312``)
+_COMPLETE = re.compile(r"\b100%\||(?<![\d/])(\d+)/\1(?=\s*(?:\[\d|[━=]))")
 
 
 def _death(e: Ev) -> bool:
