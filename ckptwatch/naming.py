@@ -98,7 +98,7 @@ def checkpoint_of(token: str) -> str | None:
 
 #: a file name that is a checkpoint's or one of its files' (torch, safetensors, DCP, Keras / h5,
 #: TF's SaveV2 shards and index, Paddle, flax msgpack, darknet weights, Caffe)
-_CKPT_FILE_NAME = re.compile(
+CKPT_FILE_NAME = re.compile(
     r"\.(?:pt|pth|safetensors|ckpt|distcp|h5|hdf5|keras|msgpack|pdparams|pdopt|weights|caffemodel|t7)$"
     r"|(?:model|optim|weights|state|rank|shard)[\w.-]*\.(?:bin|npz)$"
     r"|\.data-\d{5}-of-\d{5}|\.index$|^variables_temp|^latest\.")
@@ -107,8 +107,8 @@ _CKPT_FILE_NAME = re.compile(
 def names_checkpoint(path: str) -> bool:
     """``path`` names a checkpoint or one of its files: a component names a step
     (:func:`checkpoint_of`: ``global_step40``, ``checkpoint-500``, ``epoch_12.pth``), or its
-    file name has a checkpoint's extension or shape (:data:`_CKPT_FILE_NAME`). Not a logger's
+    file name has a checkpoint's extension or shape (:data:`CKPT_FILE_NAME`). Not a logger's
     or a cache's file (``/tmp/wandb/…/output.log``, ``~/.cache/huggingface/hub``)."""
     if checkpoint_of(path) is not None:
         return True
-    return any(_CKPT_FILE_NAME.search(part) for part in re.split(r"[/\\]+", path.strip().rstrip("/")) if part)
+    return any(CKPT_FILE_NAME.search(part) for part in re.split(r"[/\\]+", path.strip().rstrip("/")) if part)

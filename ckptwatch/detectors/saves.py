@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from ckptwatch.detectors.events import FAILURE_KINDS, Ev, in_save
 from ckptwatch.detectors.jobstate import NO_STEP, JobState, ev_key as _key
 from ckptwatch.detectors.save_points import presumed_saves
+from ckptwatch.naming import CKPT_FILE_NAME
 
 _SAVE_KINDS = ("save_start", "save_end", "save_error")
 #: a load of the step just saved, in the saving file, this soon after the save began is the
@@ -124,10 +125,6 @@ def _per_rank_files_dir(paths: set[str]) -> str | None:
     return d if len(names) == 1 and d not in ("", "/") else None
 
 
-#: a path's last part names one file of a checkpoint: a saver that logs per file
-_CKPT_FILE = re.compile(r"\.(?:pt|pth|bin|safetensors|ckpt|distcp|h5|hdf5|npz|npy|msgpack|pdparams|pdopt|pkl|json)$")
-
-
 def _file_of(path: str | None) -> str | None:
     """The file name of ``path`` when it names one checkpoint file (``…/global_step10/
     zero_pp_rank_5_mp_rank_00_model_states.pt`` -> its base name), else None (a directory).
@@ -135,7 +132,7 @@ def _file_of(path: str | None) -> str | None:
     if not path:
         return None
     name = os.path.basename(path.rstrip("/"))
-    return name if _CKPT_FILE.search(name) else None
+    return name if CKPT_FILE_NAME.search(name) else None
 
 
 def _parts(path: str) -> list[str]:
