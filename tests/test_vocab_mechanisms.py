@@ -48,6 +48,13 @@ CASES = {
         "2024-05-02 10:15:05,000 INFO step 1001 loss 2.1 lr 3e-4\n"
         "2024-05-02 10:15:09,000 INFO step 1002 loss 2.1 lr 3e-4\nKilled\n",
         [("interrupted_save", 1000, "signal", 0)]),
+    "the background part of a save whose blocking part ended keeps it open": (
+        "I0920 17:05:44.120381 139802 checkpoint_manager.py:1526] [process=0] Saving checkpoint at step 4000\n"
+        "I0920 17:05:46.891803 139802 checkpoint_manager.py:1600] [process=0][thread=MainThread][step=4000] "
+        "Finished synchronous save.\n"
+        "I0920 17:05:46.891900 139802 checkpointing.py:100] Started an asynchronous checkpoint save for step 4000\n"
+        "I0920 17:05:50.000000 139802 train.py:500] completed step: 4001, seconds: 1.2, loss: 2.1\nKilled\n",
+        [("interrupted_save", 4000, "signal", 0)]),
 }
 
 

@@ -17,7 +17,8 @@ A rank's part of the save of step N is
   but progress logged after a failure, or in a file after a resume of this step or an older
   one (a new run: one killed in the middle of a save may log no failure at all), comes from
   another process, which says nothing of the save that was under way. Asynchronous saves (a start with
-  ``attrs.async``) end only at their own end line. When the trainer says training finished
+  ``attrs.async``) end only at their own end line, also when their blocking part logged its
+  end before the background part began. When the trainer says training finished
   (``job_end``: HF Trainer's "Training completed", Megatron's "exiting program after N
   minutes") before any failure or restart, every expected rank's part ends. So does the
   rank's own first failure when its traceback runs through evaluation or training code
@@ -283,6 +284,12 @@ def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
             s.started.setdefault(rank, ev)
             s.first_ts = ev.ts if s.first_ts is None or ev.ts < s.first_ts else s.first_ts
             open_save[rank] = step
+        if ev.kind == "save_start" and ev.attrs.get("async") and rank in s.finished and rank not in s.failed:
+            # the blocking part ended ('[step=4000] Finished synchronous save.'), then the save went
+            # on in the background (MaxText's 'Started an asynchronous checkpoint save for step
+            # 4000'): the part is open again until its own end line
+            s.finished.pop(rank)
+            s.started[rank] = ev
         fname = (ev.attrs.get("file") or _file_of(ev.path)) if ev.kind in ("save_start", "save_end") else None
         if ev.kind == "save_start" and fname:
             open_files.setdefault((step, rank), set()).add(fname)
