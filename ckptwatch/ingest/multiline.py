@@ -114,16 +114,16 @@ def unwrap(lines: pl.DataFrame, *, by: str | None = None, min_width: int = 60, m
     marks = lines.select(*([pl.col(by)] if by else []), width.alias("_width"), per_file(width.max()).alias("_top"))
     at_top = pl.col("_width") == pl.col("_top")
     marks = marks.with_columns(
-        per_file(at_top.shift(1)).fill_null(False).alias("_after_top"),
-        lines["line"].str.contains(_STARTS_RECORD).alias("_record"))
+        (pl.col("_top").is_between(min_width, max_width) & (per_file(at_top.sum()) >= min_wrapped)).alias("_terminal"),
+        per_file(at_top.shift(1)).fill_null(False).alias("_after_top"))
+    if not marks["_terminal"].any():
+        return lines  # the common case: no terminal width at all, no line read for records
     # a terminal's wrap leaves a piece after most lines of its width; lines of one length that
     # are each followed by a line starting a record of its own are records of equal length
+    marks = marks.with_columns(lines["line"].str.contains(_STARTS_RECORD).alias("_record"))
     after, piece = pl.col("_after_top"), pl.col("_after_top") & ~pl.col("_record")
-    marks = marks.with_columns(
-        (pl.col("_top").is_between(min_width, max_width) & (per_file(at_top.sum()) >= min_wrapped)
-         & (per_file(piece.sum()) * 2 >= per_file(after.sum()))).alias("_terminal"))
-    if not marks["_terminal"].any():
-        return lines
+    marks = marks.with_columns((pl.col("_terminal") & (per_file(piece.sum()) * 2 >= per_file(after.sum())))
+                               .alias("_terminal"))
     wrapped = (marks["_terminal"] & marks["_after_top"] & ~marks["_record"]).alias("_wr")
     if not wrapped.any():
         return lines
