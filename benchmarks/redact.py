@@ -1,11 +1,11 @@
 """Redaction time against line length: is it linear?
 
-Times :meth:`ckptwatch.sinks.alerts.redact.Redactor.redact` (the packaged patterns) on one
+Times :meth:`ckptwatch.sinks.redact.Redactor.redact` (the packaged patterns) on one
 line of 16 KiB, 64 KiB, 256 KiB and 1 MiB of each input below, least time of ``--repeat`` rounds,
 (CPU time of the process) and prints the ratio time(1 MiB) / time(64 KiB): about 16 for linear time, about 256 for
 quadratic. Inputs: random-ish log text (seeded), the same with a secret every ~4 KiB, and
 adversarial lines built to make backtracking regexes retry at every position (runs of
-``=``, ``:``, ``@``, ``a``, ``_``, ``-``, ``a.``, ``://``, ``s3://u:``, ``token="``,
+``=``, ``:``, ``@``, ``a``, ``_``, ``-``, ``a.``, ``://``, ``s3://u:``, ``token="``, ``a:b@``, ``X-Amz-Signature%3D``, ``aws_secret_access_key ``,
 ``password``, ``x-amz-``, ``authorization: ``, non-ASCII text).
 
 ``--baseline`` also times the patterns of before issue 14 (kept below) on the 16 KiB lines
@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ckptwatch.sinks.alerts.redact import Pattern, Redactor  # noqa: E402
+from ckptwatch.sinks.redact import Pattern, Redactor  # noqa: E402
 
 KIB = 1024
 SIZES = [16 * KIB, 64 * KIB, 256 * KIB, 1024 * KIB]
@@ -86,6 +86,9 @@ INPUTS = {
     "'password' * n": lambda n: repeat("password", n),
     "'x-amz-' * n": lambda n: repeat("x-amz-", n),
     "'authorization: ' * n": lambda n: repeat("authorization: ", n),
+    "'a:b@' * n": lambda n: repeat("a:b@", n),
+    "'X-Amz-Signature%3D' * n": lambda n: repeat("X-Amz-Signature%3D", n),
+    "'aws_secret_access_key ' * n": lambda n: repeat("aws_secret_access_key ", n),
     "non-ASCII log text": lambda n: repeat("ранг 3 сохранение █▌ ıd=", n),
 }
 

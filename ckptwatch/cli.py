@@ -53,7 +53,7 @@ from ckptwatch.pipeline import PipelineOptions, detector_config, diagnose
 from ckptwatch.rules import RuleError, check_rule_files
 from ckptwatch.sinks import report
 from ckptwatch.sinks.alerts.dispatcher import Alerter
-from ckptwatch.sinks.alerts.redact import RedactionError
+from ckptwatch.sinks.redact import RedactionError
 from ckptwatch.sinks.alerts.settings import AlertConfigError
 from ckptwatch.sinks.duckdb_store import Store
 
@@ -421,16 +421,22 @@ def _start_console(ctx: typer.Context, cfg: Config, db: str, port: int | None, a
         return
     if cfg.sink.snapshot_every <= 0:
         raise _fail("--ui reads the read snapshots this process publishes: set [sink] snapshot_every > 0")
+    from ckptwatch.sinks.redact import Redactor
     from ckptwatch.ui.app import create_app
+    from ckptwatch.ui.cli import console_token, exposure_warning
     from ckptwatch.ui.server import ConsoleServer
 
+    token = console_token()
     try:
-        server = ConsoleServer(create_app(db, snapshot_only=True), address, port).start()
+        app = create_app(db, snapshot_only=True, redactor=Redactor.load(cfg.alerts.redaction_files), token=token)
+        server = ConsoleServer(app, address, port).start()
     except OSError as e:
         hint = " (choose another --ui port)" if e.errno == errno.EADDRINUSE else ""
         raise _fail(f"--ui: cannot listen on {address}:{port}: {e.strerror or e}{hint}") from None
     ctx.call_on_close(server.close)
     _info(f"console: {server.url}")
+    if exposure_warning(address, token):
+        _say(f"warning: {exposure_warning(address, token)}")
 
 
 def _info(msg: str) -> None:

@@ -9,7 +9,7 @@ import pytest
 from ckptwatch.detectors.incident import RootCause
 from ckptwatch.pipeline import diagnose
 from ckptwatch.sinks.alerts import pagerduty
-from ckptwatch.sinks.alerts.redact import Redactor
+from ckptwatch.sinks.redact import Redactor
 
 
 @pytest.fixture(scope="module")

@@ -30,7 +30,7 @@ from ckptwatch.config import AlertSettings
 from ckptwatch.detectors.incident import incident_id
 from ckptwatch.pipeline import diagnose
 from ckptwatch.sinks.alerts import alertmanager
-from ckptwatch.sinks.alerts.redact import Redactor
+from ckptwatch.sinks.redact import Redactor
 from ckptwatch.sinks.alerts.setup import alerter_from_config
 from ckptwatch.sinks.duckdb_store import Store
 

@@ -22,7 +22,7 @@ from ckptwatch.history import queries
 from ckptwatch.config import AlertSettings
 from ckptwatch.detectors.incident import EvidenceItem
 from ckptwatch.sinks.alerts import pagerduty, slack
-from ckptwatch.sinks.alerts.redact import Redactor
+from ckptwatch.sinks.redact import Redactor
 from ckptwatch.sinks.alerts.settings import AlertConfigError
 from ckptwatch.sinks.alerts.setup import alerter_from_config
 from ckptwatch.sinks.alerts.silences import SilenceFile

@@ -22,7 +22,7 @@ from ckptwatch.pipeline import diagnose
 from ckptwatch.sinks import report
 from ckptwatch.sinks.alerts import pagerduty, slack, webhook
 from ckptwatch.sinks.alerts.notification_log import Notification
-from ckptwatch.sinks.alerts.redact import Redactor
+from ckptwatch.sinks.redact import Redactor
 
 ROOT = Path(__file__).resolve().parents[1]
 C02 = "/tmp/corpus-work/02-sigkill-mid-save/checkpoints/iter_00000"

@@ -10,15 +10,16 @@ from conftest import CORPUS
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ckptwatch.sinks.alerts.redact import RedactionError, Redactor
+from ckptwatch.sinks.redact import RedactionError, Redactor
 
 REDACTOR = Redactor.load()
 
 
 def test_every_packaged_example_holds():
     assert [p.id for p in REDACTOR.patterns] == [
-        "private_key_block", "url_password", "signed_url_param", "azure_sas_sig", "bearer_token",
-        "authorization_header", "aws_access_key_id", "github_token", "vendor_token", "key_value_secret"]
+        "private_key_block", "url_password", "userinfo_password", "webhook_url", "signed_url_param",
+        "azure_sas_sig", "bearer_token", "authorization_header", "aws_access_key_id", "github_token",
+        "vendor_token", "key_value_secret", "secret_key_spaced"]
     assert REDACTOR.check() == []
 
 

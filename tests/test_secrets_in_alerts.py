@@ -18,7 +18,7 @@ from ckptwatch.detectors.incident import EvidenceItem
 from ckptwatch.pipeline import diagnose
 from ckptwatch.sinks.alerts import pagerduty, slack, webhook
 from ckptwatch.sinks.alerts.notification_log import Notification
-from ckptwatch.sinks.alerts.redact import MAX_FIELD_CHARS, Redactor
+from ckptwatch.sinks.redact import MAX_FIELD_CHARS, Redactor
 from ckptwatch.sinks.alerts.setup import alerter_from_config
 from ckptwatch.sinks.duckdb_store import Store
 

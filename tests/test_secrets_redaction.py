@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ckptwatch.sinks.alerts.redact import MAX_FIELD_CHARS, Redactor
+from ckptwatch.sinks.redact import MAX_FIELD_CHARS, Redactor
 
 REDACTOR = Redactor.load()
 MIB = 1 << 20

@@ -8,6 +8,9 @@
 
 They read a database at rest, or the read snapshot of one a running ``run`` / ``sink``
 writes (:mod:`ckptwatch.history.read`), and say on standard error which, and how old it is.
+What they print or write is redacted (:mod:`ckptwatch.sinks.redact`, with the config's
+``[alerts] redaction_files``): the database keeps the raw lines, the outputs do not.
+Files they write are ``0600``.
 Exit codes: 0, 1 (``show``: no such incident), 2 (usage or input error: one line).
 """
 
@@ -33,7 +36,9 @@ from ckptwatch import config as config_mod
 from ckptwatch.detectors.incident import Incident
 from ckptwatch.history import queries
 from ckptwatch.history.read import HistoryError, open_history
+from ckptwatch.private_files import open_private
 from ckptwatch.sinks import report
+from ckptwatch.sinks.redact import RedactionError, Redactor
 
 #: a table piped to a file or a pager keeps its width (rich would cut it to 80 columns)
 T = TypeVar("T")
@@ -101,6 +106,14 @@ def _db(db: str | None, config: str | None) -> str:
         raise _fail(str(e)) from None
 
 
+def _redactor(config: str | None) -> Redactor:
+    """The packaged secret patterns plus the config's ``[alerts] redaction_files``."""
+    try:
+        return Redactor.load(config_mod.load(config).alerts.redaction_files)
+    except (config_mod.ConfigError, RedactionError) as e:
+        raise _fail(str(e)) from None
+
+
 def _filters(con: duckdb.DuckDBPyConnection, job: str | None, kind: str | None, severity: str | None,
              status: str | None, since: str | None) -> pl.DataFrame:
     try:
@@ -123,10 +136,10 @@ def list_cmd(db: DbOpt = None, job: JobOpt = None, kind: KindOpt = None, severit
              as_json: Annotated[bool, typer.Option("--json", help="A JSON array of incidents instead of a table.")] = False,
              config: ConfigOpt = None) -> None:
     """List past incidents, newest first (filters combine)."""
-    path = _db(db, config)
+    path, redactor = _db(db, config), _redactor(config)
     try:
         with open_history(path) as (con, opened):
-            frame = _filters(con, job, kind, severity, status, since)
+            frame = redactor.frame(_filters(con, job, kind, severity, status, since))
     except HistoryError as e:
         raise _fail(str(e)) from None
     _err.print(f"[dim]{escape(opened.describe())}[/dim]")
@@ -180,9 +193,12 @@ def show_cmd(incident: Annotated[str, typer.Argument(metavar="ID", help="Inciden
              config: ConfigOpt = None) -> None:
     """One incident whole: the report diagnose prints, its evidence lines with their file
     and host, the alerts sent about it, and the incidents grouped under its page."""
+    redactor = _redactor(config)
     inc, evidence, (alerts, paging, grouped) = _read_incident(
         _db(db, config), incident, lambda con, iid, _inc: (queries.alerts_of(con, iid), queries.paging_of(con, iid),
                                                            queries.grouped_under(con, iid)))
+    inc, evidence = redactor.incident(inc), redactor.frame(evidence)
+    alerts, grouped = redactor.frame(alerts), redactor.frame(grouped)
     if as_json:
         doc = inc.to_dict()
         doc["paging"] = paging
@@ -229,13 +245,13 @@ def export_cmd(out: Annotated[str, typer.Argument(help="File to write (.parquet 
         raise _fail("--format: parquet or csv (OUT's suffix gives none)")
     if table not in queries.EXPORT_TABLES:
         raise _fail(f"--table {table}: one of {', '.join(queries.EXPORT_TABLES)}")
-    path = _db(db, config)
+    path, redactor = _db(db, config), _redactor(config)
     try:
         with open_history(path) as (con, opened):
             ids = None
             if any((job, kind, severity, status, since)):
                 ids = _filters(con, job, kind, severity, status, since)["id"].to_list()
-            n = queries.export(con, out, fmt=fmt, table=table, ids=ids)
+            n = queries.export(con, out, fmt=fmt, table=table, ids=ids, redact=redactor.frame)
     except HistoryError as e:
         raise _fail(str(e)) from None
     except duckdb.Error as e:
@@ -263,14 +279,16 @@ def plot_cmd(incident: Annotated[str, typer.Argument(metavar="ID", help="Inciden
     kind = os.path.splitext(out)[1].lower().lstrip(".")
     if kind not in ("png", "svg", "html"):
         raise _fail(f"--out {out}: name a .png, .svg or .html file")
-    inc, _, tl = _read_incident(_db(db, config), incident, lambda con, _id, inc: timeline.build_timeline(con, inc))
+    redactor = _redactor(config)
+    _, _, tl = _read_incident(_db(db, config), incident, lambda con, _id, inc: timeline.build_timeline(con, inc))
+    tl = tl.redacted(redactor)
+    inc = tl.incident
     try:
-        if kind == "png":
-            plot.write_png(tl, out)
-        else:
-            text = plot.svg(tl) if kind == "svg" else plot.html_page(tl, report_text(inc))
-            with open(out, "w", encoding="utf-8") as f:
-                f.write(text)
+        with open(open_private(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb") as f:
+            if kind == "png":
+                plot.write_png(tl, f)
+            else:
+                f.write((plot.svg(tl) if kind == "svg" else plot.html_page(tl, report_text(inc))).encode())
     except OSError as e:
         raise _fail(f"{out}: {e.strerror or e}") from None
     ranks = sum(1 for lane in tl.lanes if lane.rank is not None)

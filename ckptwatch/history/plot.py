@@ -9,14 +9,22 @@ hatched: cut off by a failure; grey: still open), the last good checkpoint's bar
 the initiating event as a large red star, labelled with the root cause; collateral events
 (other ranks' reports of the same failure) as orange crosses; the rest by kind. Time is UTC.
 Lane height is fixed, so a 64-rank job is a taller picture, not a squeezed one.
+
+Text from logs is drawn as text: matplotlib's mathtext (``$...$``) is off for every
+picture (``text.parse_math``), and pictures are drawn one at a time per process
+(matplotlib's global state, mathtext included, is not thread-safe; the console draws from
+request threads).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import html
 import io
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from typing import BinaryIO
 
 import matplotlib
 import matplotlib.dates as mdates
@@ -58,6 +66,15 @@ KIND_STYLE = {
     "integrity": ("s", "#37474f", "integrity check"),
 }
 BAR_STYLE = {"saved": ("#66bb6a", None), "cut": ("#ef5350", "///"), "open": ("#bdbdbd", None)}
+#: one picture at a time (see the module docstring)
+_DRAWING = threading.Lock()
+
+
+@contextlib.contextmanager
+def _drawing(**rc: object) -> Iterator[None]:
+    """Hold the drawing lock with log text as plain text (and ``rc``'s settings)."""
+    with _DRAWING, matplotlib.rc_context({"text.parse_math": False, **rc}):
+        yield
 
 
 def _num(t: dt.datetime) -> float:
@@ -67,7 +84,12 @@ def _num(t: dt.datetime) -> float:
 def draw(tl: Timeline) -> Figure:
     """The timeline as a matplotlib figure. Made without pyplot (no backend chosen, nothing
     to close): saved by :func:`write_png` / :func:`svg`, shown in a notebook with
-    ``display(fig)``."""
+    ``display(fig)``. Its text is made with mathtext off (``$`` drawn as ``$``)."""
+    with matplotlib.rc_context({"text.parse_math": False}):
+        return _draw(tl)
+
+
+def _draw(tl: Timeline) -> Figure:
     inc = tl.incident
     lanes = tl.lanes or [Lane(None, None)]
     row = {lane: i for i, lane in enumerate(lanes)}
@@ -218,15 +240,16 @@ def _by_step(tl: Timeline) -> list[tuple[int | None, list]]:
     return sorted(out.items(), key=lambda kv: min(b.start for b in kv[1]))
 
 
-def write_png(tl: Timeline, path: str, *, dpi: int = 130) -> None:
-    """The picture as a PNG file. Raises OSError when the file cannot be written."""
-    draw(tl).savefig(path, format="png", dpi=dpi, bbox_inches="tight")
+def write_png(tl: Timeline, out: str | BinaryIO, *, dpi: int = 130) -> None:
+    """The picture as PNG, to a path or a binary file. Raises OSError when it cannot be written."""
+    with _drawing():
+        draw(tl).savefig(out, format="png", dpi=dpi, bbox_inches="tight")
 
 
 def svg(tl: Timeline) -> str:
     """The picture as an SVG document (text; fonts drawn as paths: no font is fetched)."""
     buf = io.StringIO()
-    with matplotlib.rc_context({"svg.fonttype": "path"}):
+    with _drawing(**{"svg.fonttype": "path"}):
         draw(tl).savefig(buf, format="svg", bbox_inches="tight")
     text = buf.getvalue()
     return text[text.index("<svg"):]  # inline: without the XML prolog and doctype

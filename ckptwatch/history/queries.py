@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
+from collections.abc import Callable
 from typing import Any
 
 import duckdb
@@ -17,6 +19,7 @@ import polars as pl
 
 from ckptwatch.detectors.incident import SEVERITIES, STATUSES, EvidenceItem, Incident
 from ckptwatch.history.read import HistoryError, evidence_relation, has_column, has_table
+from ckptwatch.private_files import FILE_MODE, private_umask
 
 #: the columns of :func:`list_incidents`, in order
 LIST_COLUMNS = ("id", "detected_ts", "severity", "status", "kind", "job", "step", "root_cause_class", "root_rank",
@@ -167,11 +170,13 @@ def grouped_under(con: duckdb.DuckDBPyConnection, incident_id: str) -> pl.DataFr
 
 
 def export(con: duckdb.DuckDBPyConnection, out: str, *, fmt: str, table: str = "incidents",
-           ids: list[str] | None = None) -> int:
+           ids: list[str] | None = None, redact: Callable[[pl.DataFrame], pl.DataFrame] | None = None) -> int:
     """Write ``table`` (one of :data:`EXPORT_TABLES`; ``evidence`` with each row's file) to
-    ``out`` as ``parquet`` or ``csv`` (with a header); only the rows of the incidents
-    ``ids`` when given. Returns the number of rows. Raises ValueError (format, table),
-    HistoryError (no ``alerts`` table), duckdb.Error (the file cannot be written)."""
+    ``out`` as ``parquet`` or ``csv`` (with a header), ``0600`` (the rows hold log lines);
+    only the rows of the incidents ``ids`` when given; every row through ``redact`` first
+    when given (e.g. :meth:`ckptwatch.sinks.redact.Redactor.frame`). Returns the number of
+    rows. Raises ValueError (format, table), HistoryError (no ``alerts`` table),
+    duckdb.Error (the file cannot be written)."""
     if fmt not in ("parquet", "csv"):
         raise ValueError(f"format {fmt!r}: parquet or csv")
     if table not in EXPORT_TABLES:
@@ -187,7 +192,15 @@ def export(con: duckdb.DuckDBPyConnection, out: str, *, fmt: str, table: str = "
         params.append(ids)
     order = {"incidents": "detected_ts, id", "evidence": "incident_id, seq", "alerts": "id"}[table]
     query = f"SELECT * FROM {relation}{where} ORDER BY {order}"
+    if redact is not None:
+        rows = redact(_frame(con, query, params))
+        con.register("_ckptwatch_export", rows)  # written by DuckDB as before: same CSV / Parquet shapes
+        query, params = "SELECT * FROM _ckptwatch_export", []
     n = con.execute(f"SELECT count(*) FROM ({query})", params).fetchall()[0][0]
     options = "FORMAT parquet" if fmt == "parquet" else "FORMAT csv, HEADER true"
-    con.execute(f"COPY ({query}) TO '{out.replace(chr(39), chr(39) * 2)}' ({options})", params)
+    with private_umask():
+        con.execute(f"COPY ({query}) TO '{out.replace(chr(39), chr(39) * 2)}' ({options})", params)
+    os.chmod(out, FILE_MODE)  # a file that was there before keeps its mode otherwise
+    if redact is not None:
+        con.unregister("_ckptwatch_export")
     return int(n)

@@ -11,6 +11,7 @@ snapshot has the same). Times are UTC.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from collections import Counter
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ import duckdb
 
 from ckptwatch.detectors.incident import Incident
 from ckptwatch.history.read import has_table
+from ckptwatch.sinks.redact import Redactor
 
 #: event kinds that end a rank's part in a save when no save_end came
 ENDING = frozenset({"process_exit", "oom_kill", "cuda_oom", "collective_timeout", "collective_error", "node_lost",
@@ -94,6 +96,22 @@ class Timeline:
     def hosts(self) -> list[str | None]:
         """Hosts of the rank lanes, in order, each once."""
         return list(dict.fromkeys(lane.host for lane in self.lanes if lane.rank is not None))
+
+    def redacted(self, redactor: Redactor) -> Timeline:
+        """A copy fit to show: the incident redacted whole (:meth:`Redactor.incident`), and
+        every mark's line and file and every lane's host through ``redactor``."""
+        def text(v: str | None) -> str | None:
+            return redactor.redact(v) if v else v
+        lanes = {lane: Lane(text(lane.host), lane.rank) for lane in self.lanes}
+        for m in self.marks:
+            lanes.setdefault(m.lane, Lane(text(m.lane.host), m.lane.rank))
+        for b in self.bars:
+            lanes.setdefault(b.lane, Lane(text(b.lane.host), b.lane.rank))
+        return dataclasses.replace(
+            self, incident=redactor.incident(self.incident), lanes=[lanes[x] for x in self.lanes],
+            bars=[dataclasses.replace(b, lane=lanes[b.lane]) for b in self.bars],
+            marks=[dataclasses.replace(m, lane=lanes[m.lane], line=redactor.redact(m.line), file=text(m.file))
+                   for m in self.marks])
 
 
 def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: list) -> list[dict]:

@@ -14,12 +14,23 @@ JSON API (for the pages' scripts, and scripts of yours):
   ``{"error"}`` when the history cannot be read.
 * ``POST /api/diagnose`` (multipart: ``text`` and/or ``files``) -> ``{"incidents":
   [diagnose --json incidents], "report", "read", "refused", "html"}``; 400 ``{"error",
-  "html"}`` when nothing can be read; 413 above :data:`~ckptwatch.ui.diagnose.MAX_UPLOAD`.
+  "html"}`` when nothing can be read or a limit is passed
+  (:class:`~ckptwatch.ui.diagnose.Limits`); 413 above
+  :data:`~ckptwatch.ui.diagnose.MAX_UPLOAD`; 503 when the console is already diagnosing
+  as many uploads as it takes at once.
+
+Everything shown is redacted (:mod:`ckptwatch.sinks.redact`): list rows, incident pages
+(report, evidence, alerts, timeline), diagnoses. Every request passes
+:mod:`ckptwatch.ui.guard` (Host, Origin, optional token; security headers on answers).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import select
+import socket
+import threading
+from collections.abc import Iterable
 from typing import Any
 
 from flask import Flask, jsonify, render_template, request
@@ -29,7 +40,9 @@ from ckptwatch.history import queries, timeline
 from ckptwatch.history.cli import parse_since, report_text
 from ckptwatch.history.plot import svg
 from ckptwatch.history.read import HistoryError, open_history
-from ckptwatch.ui.diagnose import MAX_UPLOAD, Diagnosis, Upload, UploadError, run_diagnosis
+from ckptwatch.sinks.redact import Redactor
+from ckptwatch.ui import guard
+from ckptwatch.ui.diagnose import MAX_UPLOAD, Cancelled, Diagnosis, Limits, Upload, UploadError, run_diagnosis
 
 #: how often the list page asks for the list again (ms)
 REFRESH_MS = 2000
@@ -41,11 +54,32 @@ def _when(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
-def create_app(database: str, *, snapshot_only: bool = False) -> Flask:
+def _client_gone() -> bool:
+    """The client of the current request closed its connection (Werkzeug's server gives
+    the socket as ``werkzeug.socket``; False under a server that does not)."""
+    sock = request.environ.get("werkzeug.socket")
+    if sock is None:
+        return False
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
+    except OSError:
+        return True
+
+
+def create_app(database: str, *, snapshot_only: bool = False, redactor: Redactor | None = None,
+               limits: Limits | None = None, token: str | None = None, allow_hosts: Iterable[str] = ()) -> Flask:
     """The console over the history of ``database`` (the file ``run``/``sink`` write).
-    ``snapshot_only``: read only its read snapshot (the console runs in the writer)."""
+    ``snapshot_only``: read only its read snapshot (the console runs in the writer);
+    ``redactor``: applied to everything shown (default: the packaged patterns);
+    ``limits``: what one diagnosis may cost; ``token`` / ``allow_hosts``: see
+    :mod:`ckptwatch.ui.guard`."""
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = MAX_UPLOAD + (1 << 20)  # the form's own bytes on top
+    redactor = redactor or Redactor.load()
+    limits = limits or Limits()
+    slots = threading.BoundedSemaphore(limits.concurrent)
+    guard.install(app, token=token, allow_hosts=allow_hosts)
 
     def history():  # noqa: ANN202
         return open_history(database, snapshot_only=snapshot_only)
@@ -61,6 +95,7 @@ def create_app(database: str, *, snapshot_only: bool = False) -> Flask:
                                            min_severity=args.get("severity") or None,
                                            status=args.get("status") or None,
                                            since=parse_since(since) if since else None)  # ValueError: said on the page
+        frame = redactor.frame(frame)
         rows = []
         for r in frame.iter_rows(named=True):
             cause = "-"
@@ -104,10 +139,12 @@ def create_app(database: str, *, snapshot_only: bool = False) -> Flask:
                                            kinds=[], severities=[], statuses=[], refresh_ms=REFRESH_MS,
                                            **common("list")), 404
                 inc, evidence = queries.load_incident(con, iid)
-                alerts = queries.alerts_of(con, iid)
+                alerts = redactor.frame(queries.alerts_of(con, iid))
                 paging = queries.paging_of(con, iid)
-                grouped = queries.grouped_under(con, iid)
-                picture = svg(timeline.build_timeline(con, inc))
+                grouped = redactor.frame(queries.grouped_under(con, iid))
+                tl = timeline.build_timeline(con, inc).redacted(redactor)
+                inc, evidence = tl.incident, redactor.frame(evidence)
+                picture = svg(tl)
         except HistoryError as e:
             return render_template("list.html", rows=[], source="", error=str(e), f={}, kinds=[], severities=[],
                                    statuses=[], refresh_ms=REFRESH_MS, **common("list")), 503
@@ -129,10 +166,17 @@ def create_app(database: str, *, snapshot_only: bool = False) -> Flask:
 
     def diagnosis_view() -> tuple[dict[str, Any], int, Diagnosis | None, str | None]:
         """What one POST gives: the API's JSON, its status, and the diagnosis or the error."""
+        if not slots.acquire(blocking=False):
+            msg = f"the console is already reading {limits.concurrent} upload(s): try again when they are done"
+            return {"error": msg, "html": render_template("diagnosis.html", error=msg, d=None)}, 503, None, msg
         try:
-            d = run_diagnosis(uploads())
+            d = run_diagnosis(uploads(), redactor=redactor, limits=limits, client_gone=_client_gone)
         except UploadError as e:
             return {"error": str(e), "html": render_template("diagnosis.html", error=str(e), d=None)}, 400, None, str(e)
+        except Cancelled:
+            return {"error": "cancelled: the client left"}, 499, None, "cancelled"
+        finally:
+            slots.release()
         html = render_template("diagnosis.html", error=None, d=d)
         return {"incidents": [i.to_dict() for i in d.incidents], "report": d.report, "read": d.read,
                 "refused": d.refused, "html": html}, 200, d, None

@@ -22,7 +22,7 @@ Shared stages:
 * :mod:`.notification_log`  the DuckDB outbox and alert log (table ``alerts``)
 * :mod:`.http`              one POST (connect / read timeouts) and what its answer means
                              (sent / retry / maybe delivered / rejected)
-* :mod:`.redact`            secrets removed from every string of an incident before it leaves
+* :mod:`ckptwatch.sinks.redact`  secrets removed from every string of an incident before it leaves
                              the machine (the dispatcher redacts each incident once, for all channels)
 * :mod:`.dispatcher`        notify (queue) and step (deliver, retry, re-alert)
 * :mod:`.channels`, :mod:`.setup`  building all of it from the config

@@ -44,7 +44,7 @@ from ckptwatch.detectors.headline import headline, last_good, why
 from ckptwatch.detectors.incident import Incident
 from ckptwatch.sinks.alerts.http import Outcome, Request, Timeouts, post
 from ckptwatch.sinks.alerts.notification_log import Notification
-from ckptwatch.sinks.alerts.redact import Redactor
+from ckptwatch.sinks.redact import Redactor
 from ckptwatch.sinks.alerts.routing import labels as routing_labels
 
 API_PATH = "/api/v2/alerts"

@@ -17,7 +17,7 @@ from ckptwatch.sinks.alerts.console import ConsoleChannel
 from ckptwatch.sinks.alerts.http import CONNECT_TIMEOUT, Outcome, Timeouts, check_url
 from ckptwatch.sinks.alerts.notification_log import Notification
 from ckptwatch.sinks.alerts.pagerduty import PagerDutyChannel
-from ckptwatch.sinks.alerts.redact import Redactor
+from ckptwatch.sinks.redact import Redactor
 from ckptwatch.sinks.alerts.settings import AlertConfigError, ChannelSpec
 from ckptwatch.sinks.alerts.slack import SlackChannel
 from ckptwatch.sinks.alerts.webhook import WebhookChannel

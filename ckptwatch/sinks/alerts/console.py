@@ -19,7 +19,7 @@ from ckptwatch.detectors.incident import Incident
 from ckptwatch.sinks import report
 from ckptwatch.sinks.alerts.http import Outcome
 from ckptwatch.sinks.alerts.notification_log import Notification
-from ckptwatch.sinks.alerts.redact import Redactor
+from ckptwatch.sinks.redact import Redactor
 from ckptwatch.sinks.alerts.silences import Silence
 
 _HEADING = {"escalate": "severity rose", "realert": "still open", "update": "root cause revised"}

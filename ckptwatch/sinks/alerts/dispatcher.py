@@ -48,7 +48,7 @@ from ckptwatch.sinks.alerts.channels import Channel
 from ckptwatch.sinks.alerts.dedup import CLOSED, NOTICE, decide
 from ckptwatch.sinks.alerts.http import Outcome
 from ckptwatch.sinks.alerts.notification_log import Notification, NotificationLog
-from ckptwatch.sinks.alerts.redact import Redactor
+from ckptwatch.sinks.redact import Redactor
 from ckptwatch.sinks.alerts.routing import labels, routed
 from ckptwatch.sinks.alerts.settings import ChannelSpec
 from ckptwatch.sinks.alerts.silences import Silence

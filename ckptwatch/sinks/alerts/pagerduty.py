@@ -22,7 +22,7 @@ from ckptwatch.detectors.headline import headline
 from ckptwatch.detectors.incident import Incident
 from ckptwatch.sinks.alerts.http import Outcome, Request, Timeouts, post
 from ckptwatch.sinks.alerts.notification_log import Notification
-from ckptwatch.sinks.alerts.redact import Redactor
+from ckptwatch.sinks.redact import Redactor
 from ckptwatch.sinks.report import timeline
 
 SUMMARY_MAX = 1024

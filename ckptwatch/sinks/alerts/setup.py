@@ -11,7 +11,7 @@ from ckptwatch.config import AlertSettings
 from ckptwatch.sinks.alerts import channels as channel_types
 from ckptwatch.sinks.alerts.dispatcher import Alerter
 from ckptwatch.sinks.alerts.notification_log import NotificationLog
-from ckptwatch.sinks.alerts.redact import Redactor
+from ckptwatch.sinks.redact import Redactor
 from ckptwatch.sinks.alerts.settings import parse_channels, parse_silences
 from ckptwatch.sinks.alerts.silences import SilenceFile
 from ckptwatch.sinks.duckdb_store import Store

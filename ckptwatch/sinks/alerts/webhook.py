@@ -10,7 +10,7 @@ Body (``Content-Type: application/json``)::
 
 ``incident`` is the ``diagnose --json`` shape with every string redacted (paths, root cause,
 evidence, checkpoint state, remediation) and cut to
-:data:`~ckptwatch.sinks.alerts.redact.MAX_FIELD_CHARS` characters; its ``id`` is the raw
+:data:`~ckptwatch.sinks.redact.MAX_FIELD_CHARS` characters; its ``id`` is the raw
 incident's. The body is the same bytes on every attempt of one notification.
 
 Idempotency (draft-ietf-httpapi-idempotency-key-header): every request carries
@@ -36,7 +36,7 @@ from ckptwatch.detectors.headline import headline
 from ckptwatch.detectors.incident import Incident
 from ckptwatch.sinks.alerts.http import Outcome, Request, Timeouts, post
 from ckptwatch.sinks.alerts.notification_log import Notification
-from ckptwatch.sinks.alerts.redact import Redactor
+from ckptwatch.sinks.redact import Redactor
 
 SIGNATURE_HEADER = "X-Ckptwatch-Signature-256"
 IDEMPOTENCY_HEADER = "Idempotency-Key"

@@ -1,4 +1,10 @@
-"""Redaction: secrets removed from everything that leaves the machine in an alert.
+"""Redaction: secrets removed from everything ckptwatch shows or sends.
+
+One :class:`Redactor` serves every outbound surface, each redacting after its text is
+built: the alert channels (the dispatcher redacts each incident whole, commands included),
+the web console's pages and JSON, ``incidents show`` / ``export`` / ``plot`` (frames with
+:meth:`Redactor.frame`, trees with :meth:`Redactor.tree`, timelines with
+``Timeline.redacted``). What is stored in the database stays raw.
 
 Patterns are data (``redaction.yaml`` beside this module, plus any files the user adds):
 each has an ``id``, a Python ``re`` ``pattern``, a ``replacement`` (``\\1`` refers to a
@@ -19,12 +25,14 @@ at the top of ``redaction.yaml``); ``benchmarks/redact.py`` measures it.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
+import polars as pl
 import yaml
 
 from ckptwatch.detectors.incident import Incident
@@ -128,7 +136,7 @@ class Redactor:
 
         Raises RedactionError naming the file (and pattern) when a file is missing, not
         YAML, or holds a pattern that does not compile or has a malformed key."""
-        pkg = resources.files("ckptwatch.sinks.alerts") / "redaction.yaml"
+        pkg = resources.files("ckptwatch.sinks") / "redaction.yaml"
         patterns = _parse(yaml.safe_load(pkg.read_text()), "redaction.yaml (packaged)")
         for f in extra_files:
             try:
@@ -175,6 +183,31 @@ class Redactor:
         if isinstance(value, (list, tuple)):
             return [self.tree(v, limit) for v in value]
         return value
+
+    def text_or_json(self, text: str) -> str:
+        """``text`` redacted; a JSON object or array is redacted value by value
+        (:meth:`tree`) and written back compactly, so a string holding quotes, escaped
+        once more inside the JSON, is seen as it was logged."""
+        if text[:1] in ("{", "[") and text[-1:] in ("}", "]"):
+            try:
+                doc = json.loads(text)
+            except ValueError:
+                return self.redact(text)
+            clean = self.tree(doc)
+            return text if clean == doc else json.dumps(clean, ensure_ascii=False)
+        return self.redact(text)
+
+    def frame(self, df: pl.DataFrame) -> pl.DataFrame:
+        """``df`` with every string column redacted (:meth:`text_or_json`: JSON text
+        columns value by value); other columns as they are. Each distinct value is
+        redacted once; the row order and count do not change."""
+        for name, dtype in df.schema.items():
+            if dtype != pl.String:
+                continue
+            changed = {v: r for v in df[name].unique().drop_nulls().to_list() if (r := self.text_or_json(v)) != v}
+            if changed:
+                df = df.with_columns(pl.col(name).replace(changed))
+        return df
 
     def incident(self, inc: Incident, limit: int = MAX_FIELD_CHARS) -> Incident:
         """A copy of ``inc`` with every string redacted and cut to ``limit`` characters:
