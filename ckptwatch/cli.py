@@ -13,7 +13,7 @@ input error, and 2 when no Kafka broker answers at start: they say they are wait
 a ``hint:`` on checking the address after ``[kafka] connect_hint_after`` seconds (15) and
 give up after ``connect_timeout`` (60); with ``--once`` they give up at the hint. ``run
 --once`` exits 3 when an alert was not delivered (rejected, given up, or still queued for
-the next run).
+the next run), and 2 when it found no readable log file under ``--logs``.
 Errors are one line naming the file (and line or rule) and the reason, never a traceback.
 """
 
@@ -43,6 +43,7 @@ from ckptwatch import config as config_mod
 from ckptwatch.config import Config
 from ckptwatch.detectors.incident import DEFAULT_SEVERITY
 from ckptwatch.ingest import timestamps
+from ckptwatch.ingest.handles import OpenFileLimitError, raise_open_file_limit
 from ckptwatch.ingest.layout import TemplateError, compile_template
 from ckptwatch.ingest.prefix import LinePrefixError, compile_line_prefix
 from ckptwatch.history.cli import register as register_history
@@ -172,7 +173,13 @@ def diagnose_cmd(
     Exit code 0: no incident; 1: at least one; 2: usage or input error.
     """
     options = _options(path_template, boot_time, rules, line_prefix)
+    shown = ", ".join("<stdin>" if p == "-" else p for p in paths)  # the paths as the user gave them
     with tempfile.TemporaryDirectory(prefix="ckptwatch-stdin-") as spool:
+        spooled = os.path.join(spool, "stdin.log")
+
+        def named(text: str) -> str:  # name the spool file as the user knows it
+            return text.replace(spooled + ".gz", "<stdin>").replace(spooled, "<stdin>")
+
         if "-" in paths:  # a pasted log: spooled to a file, read like any other, named <stdin>
             pasted = os.path.join(spool, "stdin.log")
             with open(pasted, "wb") as f:
@@ -187,31 +194,28 @@ def diagnose_cmd(
             paths = [pasted if p == "-" else p for p in paths]
         try:
             incidents, stats = diagnose(paths, options, progress=_Progress(_err) if _err.is_terminal else None)
-        except RuleError as e:
-            raise _fail(str(e)) from None
-        if "-" in sys.argv[1:]:  # name the spool file as the user knows it
-            spooled = os.path.join(spool, "stdin.log")
-
-            def named(text: str) -> str:
-                return text.replace(spooled + ".gz", "<stdin>").replace(spooled, "<stdin>")
-
-            stats.errors = [named(m) for m in stats.errors]
-            stats.unlabelled_files = {k: [named(f) for f in v] for k, v in stats.unlabelled_files.items()}
+        except (RuleError, OpenFileLimitError) as e:
+            raise _fail(named(str(e))) from None
+        stats.errors = [named(m) for m in stats.errors]
+        stats.unlabelled_files = {k: [named(f) for f in v] for k, v in stats.unlabelled_files.items()}
     nothing = None
     if stats.files == 0 or stats.files == stats.skipped.get("unreadable_file", 0):
-        nothing = "no readable log file in " + ", ".join(paths)
+        nothing = "no readable log file in " + shown
     elif stats.lines == 0:  # "No incident found" would read as a clean bill of health
-        nothing = f"no line to read: the {stats.files} file(s) in {', '.join(paths)} are empty"
+        nothing = f"no line to read: the {stats.files} file(s) in {shown} are empty"
     if nothing:
         for msg in stats.errors:
             _err.print(f"[red]error:[/red] {escape(msg)}", soft_wrap=True)
         raise _fail(nothing)
+    summary = stats.to_dict()
     if as_json:
-        sys.stdout.write(report.render_json(incidents, stats.to_dict()) + "\n")
-        for msg in [*stats.errors, *stats.to_dict()["warnings"]]:
-            _err.print(f"[yellow]warning:[/yellow] {escape(msg)}", soft_wrap=True)
-    else:
-        report.render_text(incidents, Console(highlight=False, soft_wrap=True), stats.to_dict())
+        sys.stdout.write(report.render_json(incidents, summary) + "\n")
+        warnings = [*summary["errors"], *summary["warnings"]]
+    else:  # the report (its advice on labels included) on standard output, input problems on standard error
+        report.render_text(incidents, Console(highlight=False, soft_wrap=True), {**summary, "errors": []})
+        warnings = summary["errors"]
+    for msg in warnings:
+        _err.print(f"[yellow]warning:[/yellow] {escape(msg)}", soft_wrap=True)
     raise typer.Exit(1 if incidents else 0)
 
 
@@ -266,6 +270,10 @@ def run_cmd(
     Embedded (default): every stage in this process, no broker. With a Kafka broker
     configured (--kafka or the config file), the same stages run as collector, detector
     and sink linked through Kafka, still in this one process.
+
+    Exit code with --once: 0 everything read; 2 usage, config, input or database error,
+    or nothing to read (no readable log file under --logs); 3 an alert not delivered;
+    130 stopped before the end. Without --once: 0 when stopped, 2 on an error.
     """
     if not os.path.isdir(logs):
         raise _fail(f"--logs {logs}: not a directory")
@@ -300,6 +308,8 @@ def run_cmd(
                     if res is not None:
                         _report_stats(res[0].stats.to_dict(), f"{res[0].published} events through Kafka; database {db}")
                     _alerts_done(built, once)
+                    if once and res is not None:
+                        _nothing_read(res[0].stats.to_dict(), logs)
             finally:
                 with _shielded():
                     store.close()
@@ -334,6 +344,8 @@ def run_cmd(
     stopped = False
     try:
         runner.run(once=once, interval=interval, until_idle=until_idle)
+    except OpenFileLimitError as e:
+        raise _fail(str(e)) from None
     except (KeyboardInterrupt, RuntimeError, duckdb.Error) as e:
         if not _interrupted(e):
             if isinstance(e, duckdb.Error):  # EIO, EFBIG, a full disk: nothing stored is lost
@@ -350,6 +362,18 @@ def run_cmd(
             _alerts_done(runner.alerter, once)
     if stopped and once:  # the input was not read to its end: not a success for a script
         raise typer.Exit(130)
+    if once:
+        _nothing_read(stats, logs)
+
+
+def _nothing_read(stats: dict[str, Any], logs: str) -> None:
+    """``run --once`` that found no file it could read under ``logs``: exit 2, saying so (a
+    wrong --logs is not a clean run). Raises typer.Exit."""
+    unreadable = stats["skipped"].get("unreadable_file", 0)
+    if stats["files"] == 0:
+        raise _fail(f"nothing to read: no log file under {logs}")
+    if stats["files"] == unreadable:
+        raise _fail(f"nothing to read: no readable log file under {logs}")
 
 
 def _alerts_done(alerter: Alerter, once: bool) -> None:
@@ -514,7 +538,8 @@ def _serve(fn: Callable[[], T]) -> T | None:
         if isinstance(e, duckdb.Error):
             raise _fail(f"database: {str(e).splitlines()[0]}") from None
         raise
-    except (RuleError, CheckpointError, BrokerUnavailable, config_mod.ConfigError, IntegrityError) as e:
+    except (RuleError, CheckpointError, BrokerUnavailable, config_mod.ConfigError, IntegrityError,
+            OpenFileLimitError) as e:
         raise _fail(str(e)) from None
     except KafkaError as e:  # refused by the broker: authorization, bad topic config, ...
         raise _fail(f"Kafka: {e}") from None
@@ -807,7 +832,9 @@ def silence_expire(
 
 
 def main() -> None:
-    """Console entry point."""
+    """Console entry point: lifts the open-file soft limit to the hard one (a watcher holds
+    its log files open, :mod:`ckptwatch.ingest.handles`), then runs the command."""
+    raise_open_file_limit()
     app()
 
 

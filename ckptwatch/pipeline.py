@@ -38,7 +38,9 @@ class PipelineOptions:
     (:func:`ckptwatch.ingest.prefix.compile_line_prefix`); ``poll_bytes``: bytes one batch
     reads at most over all files (see :class:`~ckptwatch.ingest.watcher.SourceWatcher`);
     ``rule_scopes``: load only the packaged packs of these scopes
-    (:data:`ckptwatch.rules.engine.SCOPES`; None: every pack).
+    (:data:`ckptwatch.rules.engine.SCOPES`; None: every pack); ``max_open_files``: log files
+    held open at most, the others read in turns (None: the open-file limit minus
+    :data:`~ckptwatch.ingest.handles.HEADROOM`; see :mod:`ckptwatch.ingest.handles`).
     """
 
     template: re.Pattern[str] | None = None
@@ -48,6 +50,7 @@ class PipelineOptions:
     detector: DetectorConfig = field(default_factory=DetectorConfig)
     poll_bytes: int = DEFAULT_POLL_BYTES
     rule_scopes: tuple[str, ...] | None = None
+    max_open_files: int | None = None
 
 
 #: event kinds that belong to one rank of a job: without a rank, blame and shard checks are blind
@@ -139,7 +142,8 @@ def _diagnose(paths: list[str], options: PipelineOptions, progress: Callable[[St
     came after their job was concluded."""
     rules = RuleSet.load(options.rule_files, scopes=options.rule_scopes)
     watcher = SourceWatcher(list(paths), template=options.template, boot_time=options.boot_time,
-                            line_prefix=options.line_prefix, archives=True, poll_bytes=options.poll_bytes)
+                            line_prefix=options.line_prefix, archives=True, poll_bytes=options.poll_bytes,
+                            max_open_files=options.max_open_files)
     stats = watcher.stats
     detector = Detector(options.detector)
     try:

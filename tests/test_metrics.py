@@ -272,6 +272,7 @@ def test_metrics_port_zero_means_no_endpoint(tmp_path):
     assert config.load(env={}).metrics.port == 0
     logs = tmp_path / "logs"
     logs.mkdir()
+    (logs / "rank0.log").write_text("step 1\n")  # run --once over nothing to read exits 2 (issue 35)
     env = {k: v for k, v in os.environ.items() if not k.startswith("CKPTWATCH_")}
     r = subprocess.run([sys.executable, "-m", "ckptwatch", "run", "--logs", str(logs), "--db", str(tmp_path / "x.duckdb"),
                         "--once", "--metrics-port", "0"], capture_output=True, text=True, env=env, timeout=60)

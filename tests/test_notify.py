@@ -164,11 +164,14 @@ def append(path, text: str) -> None:
 
 # found by a review: each was seen only at the next full listing, 10 s later
 def test_a_symlink_to_a_file_elsewhere_is_followed_through_its_targets_directory(tmp_path):
-    (tmp_path / "logs").mkdir()
-    (tmp_path / "scratch").mkdir()
-    append(tmp_path / "scratch" / "r0.log", "a\n")
-    os.symlink(tmp_path / "scratch" / "r0.log", tmp_path / "logs" / "r0.log")
-    assert watched([str(tmp_path / "logs")], lambda: append(tmp_path / "scratch" / "r0.log", "NEW\nb\n")) == 0.0
+    # elsewhere, but under the watched directory (a link that leads out of it is not read at
+    # all: tests/test_symlinked_logs.py); a hidden directory is not walked, so the target's
+    # directory is watched only through the link
+    (tmp_path / "logs" / ".scratch").mkdir(parents=True)
+    scratch = tmp_path / "logs" / ".scratch"
+    append(scratch / "r0.log", "a\n")
+    os.symlink(scratch / "r0.log", tmp_path / "logs" / "r0.log")
+    assert watched([str(tmp_path / "logs")], lambda: append(scratch / "r0.log", "NEW\nb\n")) == 0.0
 
 
 def test_one_directory_reached_by_two_paths(tmp_path):

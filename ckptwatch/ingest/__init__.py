@@ -13,5 +13,6 @@ One module per hard problem of tailing (the shape of Vector's file source):
 * :mod:`.rotation`   recognizing a ``copytruncate`` copy of a truncated file
 * :mod:`.checkpoint` where each source resumes after a restart, saved atomically (checkpointer)
 * :mod:`.watcher`    every file under the paths, through rotation and restarts (file_server)
+* :mod:`.handles`    how many files are held open at once (the open-file limit)
 * :mod:`.stats`      the run's counters
 """

@@ -8,6 +8,12 @@ and structured side files that are not logs (see :data:`SKIP_SUFFIXES`; JSON-lin
 the regular files it matches are taken as if named directly, the directories it matches
 are not walked, and matching nothing is not an error (the files may come later). Whether
 a file is text is decided when it is read (:func:`ckptwatch.ingest.reader.looks_binary`).
+
+Symlinks: a symlinked file found in a directory walked, or matched by a pattern, is taken
+only when its target lies under the watched roots (the directories given, the fixed part
+of each pattern, the files named); one that leads out (``shadow.log -> /etc/shadow``) is
+listed with ``error`` set, never read. A file reached both through a symlink and under its
+own name is taken once, under its own name.
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ import glob
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+from ckptwatch.ingest import handles
 
 SKIP_SUFFIXES = (
     ".json", ".distcp", ".metadata", ".pt", ".pth", ".bin", ".safetensors", ".ckpt",
@@ -40,7 +48,9 @@ ARCHIVE_SUFFIXES = (".gz",)
 
 def discover(paths: Iterable[str], *, archives: bool = False, dirs: list[str] | None = None) -> list[Found]:
     """Expand files, directories and glob patterns into the files to read, in a stable
-    order; each file once (by real path). ``archives``: take compressed rotated logs
+    order; each file once (by real path, under its own name rather than a symlink's when
+    both are found); a symlink whose target is outside the roots (see the module
+    docstring) as an error, not to be read. ``archives``: take compressed rotated logs
     (``train.log.1.gz``) found in directories too (one-shot reads: a live tail has read
     their lines before they were rotated and compressed); without it they are listed with
     ``archive`` set, to be reported. ``dirs``: appended with the directories whose entries
@@ -49,34 +59,65 @@ def discover(paths: Iterable[str], *, archives: bool = False, dirs: list[str] | 
     above a path that does not exist yet; for a pattern, the directories its directory part
     matches (every one under its root with ``**``) and the root itself."""
     skip = tuple(s for s in SKIP_SUFFIXES if not (archives and s in ARCHIVE_SUFFIXES))
-    out: list[Found] = []
-    seen: set[str] = set()
+    paths = list(paths)
+    roots = watched_roots(paths)
+    found: list[tuple[Found, bool]] = []  # (found, reached through a symlink)
     for p in paths:
-        if os.path.isfile(p):
-            candidates = [p]
+        candidates: list[tuple[str, str, bool]] = []  # (path, real path, is a symlink)
+        named = os.path.isfile(p)  # a file named directly is read, a symlink or not
+        if named:
+            candidates = [(p, os.path.realpath(p), os.path.islink(p))]
             if dirs is not None:
                 dirs.append(os.path.dirname(p) or os.curdir)
         elif os.path.isdir(p):
-            candidates = []
-            _walk(p, os.path.realpath(p), skip, candidates, out, dirs)
+            listed: list[Found] = []  # archives and listing errors
+            _walk(p, os.path.realpath(p), skip, candidates, listed, dirs)
+            found += [(f, False) for f in listed]
         elif any(c in p for c in "*?["):  # an existing path is taken literally, even with these
-            candidates = [m for m in sorted(glob.glob(p, recursive=True)) if os.path.isfile(m)]
+            candidates = [(m, os.path.realpath(m), os.path.islink(m))
+                          for m in sorted(glob.glob(p, recursive=True)) if os.path.isfile(m)]
             if dirs is not None:
                 dirs += _pattern_dirs(p)  # (the directories of its matches among them)
         elif os.path.exists(p):
-            out.append(Found(p, "not a regular file or directory"))
-            continue
+            found.append((Found(p, "not a regular file or directory"), False))
         else:
-            out.append(Found(p, "does not exist"))
+            found.append((Found(p, "does not exist"), False))
             if dirs is not None:  # where it will appear
                 dirs.append(_nearest_existing(p))
-            continue
-        for c in candidates:
-            c, real = c if isinstance(c, tuple) else (c, os.path.realpath(c))
-            if real not in seen:
-                seen.add(real)
-                out.append(Found(c, real=real))
+        for c, real, link in candidates:
+            if link and not named and not _under(real, roots):
+                found.append((Found(c, f"a symbolic link to {real}, outside the watched paths; not read"), False))
+            else:
+                found.append((Found(c, real=real), link))
+    own = {f.real for f, link in found if f.real is not None and not link}
+    seen: set[str] = set()
+    out = []
+    for f, link in found:
+        if f.real is not None:
+            if f.real in seen or (link and f.real in own):
+                continue
+            seen.add(f.real)
+        out.append(f)
     return out
+
+
+def watched_roots(paths: Iterable[str]) -> list[str]:
+    """The real paths under which a symlink's target may lie to be read: each directory
+    given, each file named, and the fixed part of each glob pattern (the directory before
+    its first wildcard)."""
+    roots = []
+    for p in paths:
+        if os.path.exists(p):
+            roots.append(os.path.realpath(p))
+        elif any(c in p for c in "*?["):
+            fixed = p[:min(p.find(c) for c in "*?[" if c in p)]
+            roots.append(os.path.realpath(os.path.dirname(fixed) or os.curdir))
+    return roots
+
+
+def _under(real: str, roots: Iterable[str]) -> bool:
+    """True if the real path ``real`` is one of ``roots`` or lies under one."""
+    return any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in roots)
 
 
 def _nearest_existing(path: str) -> str:
@@ -104,15 +145,17 @@ def _pattern_dirs(pattern: str) -> list[str]:
 
 def _walk(top: str, real: str, skip: tuple[str, ...], candidates: list, out: list[Found],
           dirs: list[str] | None = None) -> None:
-    """Append ``(path, real path)`` of the files under directory ``top`` (real path ``real``)
-    to ``candidates``, as ``os.walk`` would list them (sorted, a directory's files before its
-    subdirectories', hidden names and symlinked directories left out), and archives and
-    listing errors to ``out``. A plain file's real path is its directory's joined with its
+    """Append ``(path, real path, is a symlink)`` of the files under directory ``top`` (real
+    path ``real``) to ``candidates``, as ``os.walk`` would list them (sorted, a directory's
+    files before its subdirectories', hidden names and symlinked directories left out), and
+    archives and listing errors to ``out``. A plain file's real path is its directory's joined with its
     name: no ``realpath`` (an ``lstat`` per path component) for each of 10,000 rank files."""
     try:
         with os.scandir(top) as it:
             entries = sorted(it, key=lambda e: e.name)
     except OSError as e:
+        if e.errno in handles.NO_DESCRIPTORS:  # not the directory's fault: say so, skip nothing in silence
+            raise handles.out_of_descriptors(top) from None
         out.append(Found(top, str(e.strerror)))
         return
     if dirs is not None:
@@ -134,7 +177,7 @@ def _walk(top: str, real: str, skip: tuple[str, ...], candidates: list, out: lis
             if e.name.endswith(ARCHIVE_SUFFIXES):
                 out.append(Found(e.path, archive=True))
             continue
-        candidates.append((e.path, os.path.realpath(e.path) if link else os.path.join(real, e.name)))
+        candidates.append((e.path, os.path.realpath(e.path) if link else os.path.join(real, e.name), link))
     for d in subdirs:
         _walk(d.path, os.path.join(real, d.name), skip, candidates, out, dirs)
 

@@ -39,7 +39,7 @@ from typing import BinaryIO
 
 import polars as pl
 
-from ckptwatch.ingest import batch, identity, layout, prefix, reader, rotation
+from ckptwatch.ingest import batch, handles, identity, layout, prefix, reader, rotation
 from ckptwatch.ingest.checkpoint import SourceCheckpoint
 from ckptwatch.schema import RECORD_SCHEMA
 
@@ -68,6 +68,11 @@ class InputError(Exception):
     """A file that cannot be read as a log; the message names the file and the reason."""
 
 
+class Replaced(InputError):
+    """The path of a file not held open leads to another file now (renamed, replaced):
+    its owner looks for it elsewhere (not the file's fault, nothing to report)."""
+
+
 class FileTail:
     """Follows one log file. Not thread-safe; one owner at a time.
 
@@ -90,6 +95,14 @@ class FileTail:
         avoid_ids: source ids not to give this file (ids of dropped files, whose inode a
             new file may reuse).
         line_prefix: the torchrun ``--log-line-prefix-template`` its lines were written with.
+        budget: the open files this one shares a descriptor budget with
+            (:class:`~ckptwatch.ingest.handles.HandleBudget`): opening it may close the least
+            recently used other one, which is opened again (and checked to be the same file)
+            when next read. None: no budget.
+
+    ``moved_to``: set by the owner when the file, not held open, was found renamed away
+    from ``path`` to a name no watched path takes (``train.log.1`` beside a ``*.log``
+    pattern); :meth:`open` opens it there.
     """
 
     def __init__(
@@ -106,8 +119,11 @@ class FileTail:
         job: str | None = None,
         avoid_ids: Container[str] = frozenset(),
         line_prefix: str | None = None,
+        budget: handles.HandleBudget | None = None,
     ) -> None:
         self.path = path
+        self.moved_to: str | None = None
+        self.budget = budget
         self.labels = layout.labels_for(path, template)
         self.job = self.labels.job or job  # ``job``: learned from the file's lines before a restart
         self.offset = offset
@@ -139,6 +155,7 @@ class FileTail:
         self._avoid = avoid_ids
         self._used_ids: set[str] = set()
         self._file: BinaryIO | None = None
+        self._raw: BinaryIO | None = None  # the file under a GzipFile (which does not close it)
         self._key: tuple[int, int] | None = None
         self._seen: tuple[int, int] | None = None  # (size, mtime_ns) at the last poll
         self._seen_path: str | None = None  # ``path`` at the last poll (a rename may have moved it since)
@@ -171,32 +188,58 @@ class FileTail:
 
     def open(self) -> None:
         """Open the file and hold it open (later calls do nothing while it is open). After
-        :meth:`close`, opens ``path`` again, which must still be the same file.
+        :meth:`close`, opens ``path`` (or ``moved_to``) again, which must still be the same
+        file. Within a ``budget``, the least recently used other file may be closed first,
+        and others are closed while the process is out of descriptors (EMFILE).
 
         Raises:
-            InputError: the file cannot be opened, or ``path`` is another file now
-                (message names the file).
+            Replaced: after :meth:`close`, the path leads to another file now.
+            InputError: the file cannot be opened (message names the file).
+            OpenFileLimitError: out of descriptors, and no other file of the budget open to
+                close (:class:`~ckptwatch.ingest.handles.OpenFileLimitError`).
         """
         if self._file is not None:
+            if self.budget is not None:
+                self.budget.used(self)
             return
+        where = self.moved_to or self.path
+        if self.budget is not None:
+            self.budget.admit(self)
+        while True:
+            try:
+                raw = open(where, "rb")  # held open until close()
+                break
+            except OSError as e:
+                if e.errno not in handles.NO_DESCRIPTORS:
+                    raise InputError(f"{where}: cannot read: {e.strerror or e}") from None
+                if self.budget is None or not self.budget.shed(self):
+                    raise handles.out_of_descriptors(where, self.budget.limit if self.budget else None) from None
+        self._file = self._raw = raw
+        if self.budget is not None:
+            self.budget.opened(self)
         try:
-            self._file = open(self.path, "rb")
-            st = os.fstat(self._file.fileno())
-            if self.path.endswith(".gz"):  # a compressed rotated log: read through gzip, offsets decompressed
-                self._file = gzip.GzipFile(fileobj=self._file, mode="rb")  # type: ignore[assignment]
+            st = os.fstat(raw.fileno())
+            if where.endswith(".gz"):  # a compressed rotated log: read through gzip, offsets decompressed
+                self._file = gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[assignment]
         except OSError as e:
             self.close()
-            raise InputError(f"{self.path}: cannot read: {e.strerror or e}") from None
+            raise InputError(f"{where}: cannot read: {e.strerror or e}") from None
         if self._key is not None and self._key != (st.st_dev, st.st_ino):
             self.close()
-            raise InputError(f"{self.path}: another file now than the one followed; not read as its continuation")
+            raise Replaced(f"{where}: another file now than the one followed; not read as its continuation")
         self._key = (st.st_dev, st.st_ino)
 
     def close(self) -> None:
         """Close the file descriptor (a later :meth:`open` or :meth:`poll` opens ``path`` again)."""
         if self._file is not None:
-            self._file.close()
-            self._file = None
+            try:
+                self._file.close()
+            finally:
+                if self._raw is not None and self._raw is not self._file:
+                    self._raw.close()
+                self._file = self._raw = None
+                if self.budget is not None:
+                    self.budget.closed(self)
 
     def identify(self, *, final: bool = False) -> str | None:
         """The file's source id, computed from its first line on the first call that finds
@@ -287,9 +330,12 @@ class FileTail:
         return None if self._digest is None else self._digest.copy().hexdigest()
 
     def last_write_ns(self) -> int | None:
-        """The open file's mtime (ns), None if it is not open or cannot be stat'ed."""
+        """The open file's mtime (ns); for a file not held open, the one the last read saw;
+        None if it was never read or cannot be stat'ed."""
+        if self._file is None:
+            return None if self._seen is None else self._seen[1]
         try:
-            return None if self._file is None else os.fstat(self._file.fileno()).st_mtime_ns
+            return os.fstat(self._file.fileno()).st_mtime_ns
         except OSError:
             return None
 
@@ -414,7 +460,7 @@ class FileTail:
         if not isinstance(self._file, gzip.GzipFile):
             return st.st_size
         if self._gz_size is None or self._gz_size[0] != (st.st_size, st.st_mtime_ns):
-            with open(self.path, "rb") as raw:
+            with open(self.moved_to or self.path, "rb") as raw:
                 raw.seek(max(0, st.st_size - 4))
                 tail = raw.read(4)
             self._gz_size = ((st.st_size, st.st_mtime_ns), int.from_bytes(tail, "little") if len(tail) == 4 else 0)

@@ -34,6 +34,11 @@ Each :meth:`SourceWatcher.poll`:
      rename. Older archives are left alone.
 
    After a ``final`` poll no file is held open (a later poll opens them again by path).
+   At most ``max_open_files`` are held open at any time (:mod:`.handles`): past that, the
+   least recently used one is closed and opened again by path when next read, checked to
+   be the same file. One not held open that no watched path points at any more is looked
+   for under its rotated names (``train.log.1``) and read there; renamed elsewhere or
+   deleted while closed, its lines written since it was last read are lost.
 
 4. starts following each new file: at its committed offset when its id (of any
    generation) is in ``committed``; at the old read offset and under the old id when it
@@ -66,10 +71,10 @@ from collections.abc import Callable, Mapping, Sequence
 
 import polars as pl
 
-from ckptwatch.ingest import batch, discovery, identity, layout, notify, rotation, timestamps
+from ckptwatch.ingest import batch, discovery, handles, identity, layout, notify, rotation, timestamps
 from ckptwatch.ingest.checkpoint import SourceCheckpoint
 from ckptwatch.ingest.stats import Stats
-from ckptwatch.ingest.tail import FileTail, InputError
+from ckptwatch.ingest.tail import FileTail, InputError, Replaced
 from ckptwatch.schema import RECORD_SCHEMA
 
 Key = tuple[int, int]  # (st_dev, st_ino)
@@ -104,7 +109,11 @@ class SourceWatcher:
             and stat only the files it says were written to (:mod:`.notify`; off, or on a
             network filesystem: every poll lists and stats everything). Final polls always list.
         rescan_after: seconds after which a poll lists everything even so (:mod:`.notify`).
+        max_open_files: files held open at most (see :mod:`.handles`); None: the process's
+            open-file limit minus :data:`~ckptwatch.ingest.handles.HEADROOM`, read now.
 
+    A poll raises :class:`~ckptwatch.ingest.handles.OpenFileLimitError` when a file cannot
+    be opened for want of descriptors and no other file is open to close (one line).
     ``stats`` counts files, lines, records, invalid UTF-8, skipped input and errors
     (messages naming the file and the reason; the same problem is reported once).
     Not thread-safe. :meth:`close` closes the files held open.
@@ -115,8 +124,9 @@ class SourceWatcher:
                  exclude: Callable[[str], bool] | None = None, flush_after: float = 2.0, settle_after: float = 0.25,
                  forget_after_polls: int = 5, archives: bool = False, line_prefix: str | None = None,
                  poll_bytes: int = DEFAULT_POLL_BYTES, watch_changes: bool = True,
-                 rescan_after: float = 10.0) -> None:
+                 rescan_after: float = 10.0, max_open_files: int | None = None) -> None:
         self.paths = list(paths)
+        self.budget = handles.HandleBudget(max_open_files)
         self.template = template
         self.boot_time = boot_time
         self.exclude = exclude or (lambda path: False)
@@ -198,7 +208,11 @@ class SourceWatcher:
 
         for key, tail in list(self._tails.items()):
             where = at.get(key)
-            if where is None and tail.handle is None:  # closed after a final poll, gone since
+            if where is None and tail.handle is None and not self._found_moved(tail, key):
+                # not held open (after a final poll, or to stay within max_open_files), gone since
+                if key not in self._gone:
+                    self._read_rotated_siblings(tail.path, at, since_ns=tail.last_write_ns(),
+                                                truncated=False, final=final, now=now)
                 self._drop(key)
                 continue
             if where is not None and spent():  # the next poll reads it
@@ -208,7 +222,7 @@ class SourceWatcher:
                 self._missing_since.pop(key, None)
                 continue  # unchanged since the last poll, nothing held: nothing to read or emit
             if where is not None:
-                tail.path = where[0]
+                tail.path, tail.moved_to = where[0], None
                 self._missing_since.pop(key, None)
             else:
                 self._missing_since.setdefault(key, now)
@@ -399,8 +413,8 @@ class SourceWatcher:
                 continue
             if self.exclude(found.path):
                 continue
-            try:
-                st = os.stat(found.path)
+            try:  # the file discovery found (a link's target, checked to be inside), not what its path may lead to now
+                st = os.stat(found.real or found.path, follow_symlinks=False)
             except OSError:
                 continue  # gone since it was listed: the next poll sees what replaced it
             if stat.S_ISREG(st.st_mode):
@@ -468,7 +482,7 @@ class SourceWatcher:
         return FileTail(path, template=self.template, boot_time=self.boot_time, flush_after=self.flush_after,
                         settle_after=self.settle_after,
                         line_prefix=self.line_prefix,
-                        avoid_ids=self._retired)
+                        avoid_ids=self._retired, budget=self.budget)
 
     def _resume(self, tail: FileTail) -> bool:
         """Continue ``tail`` from a checkpoint of its own (any generation) or of the
@@ -502,17 +516,41 @@ class SourceWatcher:
         return self._by_dir.get(os.path.dirname(os.path.abspath(path)), [])
 
     def _copy_in_progress(self, new: FileTail) -> bool:
-        """True if ``new`` may be a copy of a followed file that is still being made."""
-        assert new.handle is not None
+        """True if ``new`` may be a copy of a followed file that is still being made (a
+        followed file not held open is opened again to compare)."""
         for tail in self._followed_beside(new.path):
-            if (tail.head == new.head and tail.offset > 0 and tail.handle is not None
-                    and rotation.is_rotated_name(tail.path, new.path)):
+            if tail.head == new.head and tail.offset > 0 and rotation.is_rotated_name(tail.path, new.path):
                 try:
+                    tail.open()
+                    new.open()
+                    if tail.handle is None or new.handle is None:  # one closed again to open the other
+                        continue
                     size = os.fstat(new.handle.fileno()).st_size
                     if rotation.same_bytes_before(tail.handle, new.handle, min(size, tail.offset)):
                         return True
-                except OSError:
+                except (OSError, InputError):
                     continue
+        return False
+
+    def _found_moved(self, tail: FileTail, key: Key) -> bool:
+        """True if the followed file ``key``, not held open and under no watched path now,
+        is found renamed to a rotated name of its path (``train.log.1``; symlinks not
+        followed): ``tail.moved_to`` is set to it, to be opened and read there."""
+        directory = os.path.dirname(os.path.abspath(tail.path))
+        try:
+            names = [os.path.join(directory, n) for n in sorted(os.listdir(directory))]
+        except OSError:
+            names = []
+        for cand in [tail.moved_to, *(c for c in names if rotation.is_rotated_name(tail.path, c))]:
+            if cand is None:
+                continue
+            try:
+                st = os.stat(cand, follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) == key:
+                tail.moved_to = cand
+                return True
         return False
 
     def _find_moved(self, at: Mapping[Key, object], *, final: bool, copies: bool = False) -> list[FileTail]:
@@ -537,7 +575,7 @@ class SourceWatcher:
                         or (copies and name.endswith(discovery.SKIP_SUFFIXES)) or self.exclude(cand)):
                     continue
                 try:
-                    st = os.stat(cand)
+                    st = os.stat(cand, follow_symlinks=False)  # a symlink is no rotated file
                 except OSError:
                     continue
                 if (st.st_dev, st.st_ino) in at or (st.st_dev, st.st_ino) in self._tails or not stat.S_ISREG(st.st_mode):
@@ -587,8 +625,8 @@ class SourceWatcher:
 
     def _rotated_siblings(self, path: str, at: Mapping[Key, object]) -> list[tuple[str, Key, os.stat_result]]:
         """The regular files next to ``path`` under a rotated name of it (``train.log.1``,
-        ``train.log-20261130``; not compressed ones) that are neither followed nor under a
-        watched path, sorted by name: ``(path, key, stat)``."""
+        ``train.log-20261130``; not compressed ones, not symlinks) that are neither followed
+        nor under a watched path, sorted by name: ``(path, key, stat)``."""
         directory = os.path.dirname(os.path.abspath(path))
         try:
             names = sorted(os.listdir(directory))
@@ -600,7 +638,7 @@ class SourceWatcher:
             if name.endswith(discovery.SKIP_SUFFIXES) or not rotation.is_rotated_name(path, cand) or self.exclude(cand):
                 continue
             try:
-                st = os.stat(cand)
+                st = os.stat(cand, follow_symlinks=False)  # logrotate makes no symlink: one leads anywhere
             except OSError:
                 continue
             key = (st.st_dev, st.st_ino)
@@ -661,6 +699,8 @@ class SourceWatcher:
         try:
             self._pending.append(tail.read(final=final, ingest_ts=now))
             self._pending_ids.add(id(tail))
+        except Replaced:
+            return  # not held open, and its path is another file now: the next listing finds it
         except InputError as e:
             if self._error(str(e)):
                 self.stats.skip("unreadable_file")
@@ -740,8 +780,12 @@ class SourceWatcher:
         try:
             if tail.handle is not None:
                 st = os.fstat(tail.handle.fileno())
-                self._dropped[key] = (st.st_size, st.st_mtime_ns)
-                linked, mtime_ns = st.st_nlink > 0, st.st_mtime_ns
+            else:
+                st = os.stat(tail.moved_to or tail.path, follow_symlinks=False)
+                if (st.st_dev, st.st_ino) != key:
+                    raise FileNotFoundError
+            self._dropped[key] = (st.st_size, st.st_mtime_ns)
+            linked, mtime_ns = st.st_nlink > 0, st.st_mtime_ns
         except OSError:
             pass
         ckpt = tail.checkpoint()
