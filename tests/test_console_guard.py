@@ -94,7 +94,8 @@ def test_foreign_hosts_cross_site_posts_and_framing_are_refused(db):
         server.close()
 
 
-def test_a_token_is_required_when_set(db):
+def test_a_token_is_required_when_set(db, caplog):
+    caplog.set_level("INFO", logger="werkzeug")
     path, iid = db
     server = serve(path, token="s3cret-console-token")
     try:
@@ -111,8 +112,13 @@ def test_a_token_is_required_when_set(db):
         status, _, body = request(server.url, "/api/incidents", headers={"Authorization": "Bearer s3cret-console-token"})
         assert status == 200 and json.loads(body)["count"] == 1
         assert request(server.url, "/api/incidents", headers={"Authorization": "Bearer s3cret"})[0] == 401
+        for odd in ("/?token=%C3%A9t%C3%A9", "/api/incidents"):  # non-ASCII: refused, not a 500
+            assert request(server.url, odd, headers={"Cookie": "ckptwatch_token=\u00e9t\u00e9".encode().decode("latin-1")}
+                           )[0] == 401
     finally:
         server.close()
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "/?token=[REDACTED]&kind=interrupted_save" in logged and "s3cret-console-token" not in logged
 
 
 def post_log(url: str, data: bytes, name: str = "x.log", **headers: str) -> tuple[int, dict]:
@@ -138,19 +144,27 @@ def heavy_log(lines: int) -> bytes:
 
 def test_uploads_are_bounded_unpacked_by_lines_by_cpu_and_at_once(db):
     path, _ = db
-    server = serve(path, limits=Limits(text_bytes=4 << 20, lines=50_000, cpu_s=1, wall_s=30, concurrent=1))
+    server = serve(path, limits=Limits(text_bytes=32 << 20, lines=400_000, cpu_s=1, wall_s=30, concurrent=1))
     try:
         bomb = gzip.compress(b"a" * (64 << 20), 1)  # 64 MiB of text in ~64 KiB
         t0 = time.monotonic()
         status, doc = post_log(server.url, bomb, "bomb.log.gz")
-        assert status == 400 and doc["error"].startswith("more than 4 MiB of text once unpacked"), doc
+        assert status == 400 and doc["error"].startswith("more than 32 MiB of text once unpacked"), doc
         assert time.monotonic() - t0 < 10
-        status, doc = post_log(server.url, gzip.compress(b"x\n" * 60_000), "many.log.gz")
-        assert status == 400 and doc["error"].startswith("more than 50,000 lines"), doc
-        status, doc = post_log(server.url, heavy_log(48_000))  # under both caps, over a second of CPU
+        status, doc = post_log(server.url, gzip.compress(b"x\n" * 450_000), "many.log.gz")
+        assert status == 400 and doc["error"].startswith("more than 400,000 lines"), doc
+        status, doc = post_log(server.url, heavy_log(380_000))  # under both caps, several seconds of CPU
         assert status == 400 and doc["error"].startswith("reading it took more than 1 s of CPU"), doc
         status, doc = post_log(server.url, heavy_log(50))
         assert status == 200 and doc["read"] == ["x.log"]
+        status, doc = post_log(server.url, gzip.compress(gzip.compress(b"x\n" * 6_000_000)), "n.log.gz.gz")
+        assert status == 400 and doc["error"] == "n.log.gz.gz: a gzip inside a gzip: unpack it once and send that"
+        status, doc = post_log(server.url, heavy_log(50), "password=FNLEAK13 ghp_16C7e42F292c6912E7710c838347Ae178B4a.log")
+        assert status == 200 and "FNLEAK13" not in json.dumps(doc) and "ghp_16C7" not in json.dumps(doc), doc["read"]
+        body, ctype = multipart({"text": heavy_log(9000).decode()})  # ~700 kB pasted (Flask's form default: 500 kB)
+        assert len(body) > 600_000
+        status, _, text = request(server.url, "/api/diagnose", method="POST", body=body, headers={"Content-Type": ctype})
+        assert status == 200 and json.loads(text)["read"] == ["pasted.log"]
     finally:
         server.close()
 
@@ -172,13 +186,17 @@ def test_one_diagnosis_at_a_time_and_a_client_that_leaves_stops_its_work(db):
             time.sleep(0.05)
         status, doc = post_log(server.url, heavy_log(10))
         assert status == 503 and doc["error"].startswith("the console is already reading 1 upload"), doc
+        slow = socket.create_connection(("127.0.0.1", server.port))  # a sender that trickles holds no slot
+        slow.sendall(b"POST /api/diagnose HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: multipart/form-data; "
+                     b"boundary=zz\r\nContent-Length: 10000000\r\n\r\n--zz\r\n")
         sock.close()  # the client leaves: its child is killed within the poll interval
         deadline = time.monotonic() + 10
         while [p for p in multiprocessing.active_children() if p.name == "ckptwatch-diagnose"]:
             assert time.monotonic() < deadline, "the diagnosis went on after its client left"
             time.sleep(0.05)
-        status, doc = post_log(server.url, heavy_log(10))  # the slot is free again
+        status, doc = post_log(server.url, heavy_log(10))  # the slot is free again, the trickler still sending
         assert status == 200
+        slow.close()
     finally:
         server.close()
 

@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from ckptwatch import cli
 from ckptwatch.detectors.commands import commands
+from ckptwatch.detectors.events import cut
 from ckptwatch.detectors.headline import headline
 from ckptwatch.detectors.incident import EvidenceItem
 from ckptwatch.history.cli import report_text
@@ -141,6 +142,11 @@ def test_console_show_list_export_and_plot_show_no_secret(base, tmp_path):
         assert "<svg" in texts[-1] and "[REDACTED]" in texts[-1]
         log = "\n".join(f"[rank0]: 2026-12-01 10:00:0{i} ERROR save failed: OSError: {s}" for i, (s, _) in enumerate(SHAPES))
         log = "[rank0]: 2026-12-01 09:59:59 INFO Saving checkpoint to /ckpt/step_40\n" + log + "\n"
+        # a secret across the 240th character, where the detector cuts a stored line (the attack on
+        # the fix: "s3://ckptuser:CUTLEAK9S" was shown); a JSON line whose secret is keyed, not shaped
+        log += ("[rank1]: 2026-12-01 10:00:09 ERROR save failed: OSError: [Errno 5] Input/output error: " + "x" * 139
+                + " s3://ckptuser:CUTLEAK9SECRET@minio.internal/ckpt/step_40\n")
+        log += '{"rank": 1, "password": "JSONKEYLEAK10", "msg": "Saving checkpoint to /ckpt/step_40"}\n'
         body, ctype = multipart({"text": log})
         req = urllib.request.Request(server.url + "api/diagnose", data=body, headers={"Content-Type": ctype})
         with urllib.request.urlopen(req, timeout=60) as r:
@@ -150,7 +156,7 @@ def test_console_show_list_export_and_plot_show_no_secret(base, tmp_path):
     finally:
         server.close()
     everything = "\n".join(texts)
-    for shape, secret in SHAPES:
+    for shape, secret in [*SHAPES, ("cut at 240", "CUTLEAK9"), ("keyed JSON", "JSONKEYLEAK10")]:
         assert secret not in everything, f"{shape!r} left in an output"
 
 
@@ -159,3 +165,18 @@ def multipart(fields: dict[str, str]) -> tuple[bytes, str]:
     boundary = "ckptwatchtestboundary"
     parts = [f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n' for k, v in fields.items()]
     return ("".join(parts) + f"--{boundary}--\r\n").encode(), f"multipart/form-data; boundary={boundary}"
+
+
+def test_a_line_is_never_cut_inside_a_url_or_token():
+    line = "OSError: " + "x" * 228 + " s3://u:pw@minio/b/iter_40 and more words after it"
+    assert cut(line, 240) == line[:line.index(" and more")]  # the URL kept whole for redaction to see
+    assert cut("short", 240) == "short" and len(cut("y" * 9000, 240)) == 240 + 4096
+
+
+def test_json_text_is_redacted_by_key_and_stays_json():
+    doc = '{"password": "hunter2", "pwd": 1234, "Authorization": "Basic dXNl", "detail": {"token": "t0k"}, "n": 5}'
+    out = REDACTOR.text_or_json(doc)
+    assert json.loads(out) == {"password": "[REDACTED]", "pwd": "[REDACTED]", "Authorization": "[REDACTED]",
+                               "detail": {"token": "[REDACTED]"}, "n": 5}
+    nested = json.dumps({"detail": json.dumps({"password": "X9y"})})  # JSON inside JSON: escaped quotes
+    assert "X9y" not in REDACTOR.text_or_json(nested)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -142,10 +143,11 @@ class Ev:
                                                                             or self.exitcode > 128)
 
     def first_line(self, limit: int = 240) -> str:
-        """The most telling line of the record: for a traceback, its last exception line."""
+        """The most telling line of the record: for a traceback, its last exception line;
+        cut after about ``limit`` characters (:func:`cut`)."""
         at = self.attrs.get("at_line")
         if isinstance(at, int) and 0 < at < len(self.line.splitlines()):  # the line the rule matched
-            return self.line.splitlines()[at].strip()[:limit]
+            return cut(self.line.splitlines()[at].strip(), limit)
         lines = [x for x in self.line.splitlines() if x.strip()]
         if not lines:
             return ""
@@ -159,7 +161,22 @@ class Ev:
                 if not x.startswith((" ", "\t")) or "exitcode" in x:
                     pick = x.strip()
                     break
-        return pick[:limit]
+        return cut(pick, limit)
+
+
+#: a run of non-space characters a cut does not split (a URL, a token): at most this long
+_WORD = re.compile(r"\S{0,4096}")
+
+
+def cut(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, but never inside a run of non-space
+    characters (up to 4 KiB of it): a URL or token crossing the cut is kept whole, so
+    redaction downstream still sees all of it (``s3://u:pw@host`` cut before its ``@``
+    would show the password)."""
+    if len(text) <= limit:
+        return text
+    m = _WORD.match(text, limit)
+    return text[:limit + (len(m.group()) if m else 0)]
 
 
 #: storage errors only a write raises (the storage rules' ``class``): out of space, over

@@ -129,6 +129,12 @@ class Redactor:
     def __init__(self, patterns: Sequence[Pattern]) -> None:
         self.patterns = list(patterns)
         self._literals = frozenset(lit for p in self.patterns for lit in p.prefilter)
+        self._keys: dict[str, bool] = {}  # secret_key's answers (a dict write is atomic: thread-safe)
+
+    @staticmethod
+    def _scalar(v: Any) -> bool:
+        return isinstance(v, (str, int, float)) and not isinstance(v, bool) and v != "" and \
+            not (isinstance(v, str) and v.startswith("[REDACTED"))
 
     @classmethod
     def load(cls, extra_files: Iterable[str] = ()) -> Redactor:
@@ -178,24 +184,39 @@ class Redactor:
         become lists; other values are returned as they are."""
         if isinstance(value, str):
             return self.redact(value) if limit is None else self.field(value, limit)
-        if isinstance(value, dict):
-            return {self.tree(k, limit): self.tree(v, limit) for k, v in value.items()}
+        if isinstance(value, dict):  # a scalar under a secret key is a secret, whatever it looks like
+            return {self.tree(k, limit): "[REDACTED]" if isinstance(k, str) and self._scalar(v) and self.secret_key(k)
+                    else self.tree(v, limit) for k, v in value.items()}
         if isinstance(value, (list, tuple)):
             return [self.tree(v, limit) for v in value]
         return value
 
     def text_or_json(self, text: str) -> str:
-        """``text`` redacted; a JSON object or array is redacted value by value
-        (:meth:`tree`) and written back compactly, so a string holding quotes, escaped
-        once more inside the JSON, is seen as it was logged."""
+        """``text`` redacted. A JSON object or array is redacted value by value
+        (:meth:`tree`: a value under a secret key too) and written back compactly, so a
+        string holding quotes, escaped once more inside the JSON, is seen as it was
+        logged; when the result would still change under the text patterns (a secret the
+        values alone do not show), the text-redacted form is returned instead (not JSON,
+        but safe)."""
+        red = self.redact(text)
         if text[:1] in ("{", "[") and text[-1:] in ("}", "]"):
             try:
                 doc = json.loads(text)
             except ValueError:
-                return self.redact(text)
+                return red
             clean = self.tree(doc)
-            return text if clean == doc else json.dumps(clean, ensure_ascii=False)
-        return self.redact(text)
+            out = text if clean == doc else json.dumps(clean, ensure_ascii=False)
+            return out if self.redact(out) == out else red
+        return red
+
+    def secret_key(self, key: str) -> bool:
+        """``key`` names a secret: the patterns redact ``key=VALUE`` (``password``,
+        ``aws_secret_access_key``, ``api_key``, a user's own). Cached per key."""
+        hit = self._keys.get(key)
+        if hit is None:  # a key that holds a secret itself ("api_key=x3") is not a secret's name
+            probe = f"{key}=p0r0b0e0v0a0l0u0e"
+            hit = self._keys[key] = len(key) <= 128 and self.redact(key) == key and self.redact(probe) != probe
+        return hit
 
     def frame(self, df: pl.DataFrame) -> pl.DataFrame:
         """``df`` with every string column redacted (:meth:`text_or_json`: JSON text

@@ -46,6 +46,8 @@ from ckptwatch.ui.diagnose import MAX_UPLOAD, Cancelled, Diagnosis, Limits, Uplo
 
 #: how often the list page asks for the list again (ms)
 REFRESH_MS = 2000
+#: fields and files of one upload at most (Werkzeug's default is 1,000)
+MAX_PARTS = 10_000
 
 
 def _when(value: Any) -> str:
@@ -76,6 +78,8 @@ def create_app(database: str, *, snapshot_only: bool = False, redactor: Redactor
     :mod:`ckptwatch.ui.guard`."""
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = MAX_UPLOAD + (1 << 20)  # the form's own bytes on top
+    app.config["MAX_FORM_MEMORY_SIZE"] = MAX_UPLOAD  # a pasted text field (Flask's default: 500 kB)
+    app.config["MAX_FORM_PARTS"] = MAX_PARTS
     redactor = redactor or Redactor.load()
     limits = limits or Limits()
     slots = threading.BoundedSemaphore(limits.concurrent)
@@ -166,11 +170,12 @@ def create_app(database: str, *, snapshot_only: bool = False, redactor: Redactor
 
     def diagnosis_view() -> tuple[dict[str, Any], int, Diagnosis | None, str | None]:
         """What one POST gives: the API's JSON, its status, and the diagnosis or the error."""
+        sent = uploads()  # the whole body is read before a slot is taken: a slow sender holds none
         if not slots.acquire(blocking=False):
             msg = f"the console is already reading {limits.concurrent} upload(s): try again when they are done"
             return {"error": msg, "html": render_template("diagnosis.html", error=msg, d=None)}, 503, None, msg
         try:
-            d = run_diagnosis(uploads(), redactor=redactor, limits=limits, client_gone=_client_gone)
+            d = run_diagnosis(sent, redactor=redactor, limits=limits, client_gone=_client_gone)
         except UploadError as e:
             return {"error": str(e), "html": render_template("diagnosis.html", error=str(e), d=None)}, 400, None, str(e)
         except Cancelled:
@@ -200,6 +205,8 @@ def create_app(database: str, *, snapshot_only: bool = False, redactor: Redactor
     @app.errorhandler(413)
     def too_large(_e: Exception):  # noqa: ANN202
         msg = f"upload too large: at most {MAX_UPLOAD >> 20} MiB here; for bigger logs run ckptwatch diagnose on them"
+        if (request.content_length or 0) <= app.config["MAX_CONTENT_LENGTH"]:  # within the size: too many parts
+            msg = f"too many files or fields in one upload: at most {MAX_PARTS:,} here"
         if request.path.startswith("/api/"):
             return jsonify(error=msg, html=render_template("diagnosis.html", error=msg, d=None)), 413
         return diagnose_form(error=msg), 413

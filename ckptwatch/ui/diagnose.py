@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from ckptwatch.detectors.incident import Incident
 from ckptwatch.history import plot, timeline
 from ckptwatch.history.cli import report_text
+from ckptwatch.ingest.discovery import SKIP_SUFFIXES
 from ckptwatch.pipeline import PipelineOptions, diagnose
 from ckptwatch.private_files import open_private
 from ckptwatch.sinks.redact import Redactor
@@ -94,6 +95,17 @@ def refusal(upload: Upload) -> str | None:
     return None
 
 
+def _spool_name(name: str, taken: set[str]) -> str:
+    """A safe, unique file name for ``name``'s text in the spool, one the pipeline reads as
+    plain text: no ``.gz`` (unpacked already), no suffix discovery leaves unread."""
+    base = name
+    while base.lower().endswith(".gz"):
+        base = base[:-3]
+    if base.lower().endswith(SKIP_SUFFIXES) or not base.strip("."):
+        base += ".log"
+    return _safe_name(base, taken)
+
+
 def _safe_name(name: str, taken: set[str]) -> str:
     base = os.path.basename(name.replace("\\", "/")) or "pasted.log"
     base = "".join(c if c.isalnum() or c in "._-" else "_" for c in base)[:120] or "log"
@@ -130,11 +142,13 @@ def _unpack(u: Upload, room: int) -> bytes:
     return bytes(out)
 
 
-def prepare(uploads: Sequence[Upload], spool: str, limits: Limits) -> tuple[list[str], dict[str, str]]:
+def prepare(uploads: Sequence[Upload], spool: str, limits: Limits,
+            redact: Callable[[str], str] = str) -> tuple[list[str], dict[str, str]]:
     """Write what can be read of ``uploads`` into the private directory ``spool`` (gzips
     unpacked, files ``0600``); returns the names written and the uploads refused (``name``:
-    why). Raises :class:`UploadError` when nothing was sent, more than :data:`MAX_UPLOAD`
-    bytes, more than ``limits`` allow once unpacked, or nothing readable."""
+    why), every name as ``redact`` leaves it (a file name can hold a secret too). Raises
+    :class:`UploadError` when nothing was sent, more than :data:`MAX_UPLOAD` bytes, more
+    than ``limits`` allow once unpacked, or nothing readable."""
     if not uploads:
         raise UploadError("nothing to diagnose: paste a log or drop log files")
     total = sum(len(u.data) for u in uploads)
@@ -146,6 +160,7 @@ def prepare(uploads: Sequence[Upload], spool: str, limits: Limits) -> tuple[list
     names: list[str] = []
     room, lines = limits.text_bytes, 0
     for u in uploads:
+        u = Upload(redact(u.name), u.data)
         why = refusal(u)
         if why:
             refused[u.name] = why
@@ -157,13 +172,14 @@ def prepare(uploads: Sequence[Upload], spool: str, limits: Limits) -> tuple[list
                 raise
             raise UploadError(f"more than {limits.text_bytes >> 20} MiB of text once unpacked: at most that here; "
                               "for bigger logs run ckptwatch diagnose on them") from None
+        if text[:2] == b"\x1f\x8b":  # unpacked by the pipeline, it would escape these caps
+            raise UploadError(f"{u.name}: a gzip inside a gzip: unpack it once and send that")
         room -= len(text)
         lines += text.count(b"\n")
         if lines > limits.lines:
             raise UploadError(f"more than {limits.lines:,} lines: at most that here; for bigger logs run "
                               "ckptwatch diagnose on them")
-        name = _safe_name(u.name, taken)
-        name = name[:-3] if name.endswith(".gz") and u.data[:2] == b"\x1f\x8b" else name
+        name = _spool_name(u.name, taken)
         with open(open_private(os.path.join(spool, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL), "wb") as f:
             f.write(text)
         names.append(name)
@@ -224,7 +240,7 @@ def run_diagnosis(uploads: Sequence[Upload], *, redactor: Redactor | None = None
     redactor = redactor or Redactor.load()
     with tempfile.TemporaryDirectory(prefix="ckptwatch-ui-") as spool:
         os.chmod(spool, 0o700)
-        names, refused = prepare(uploads, spool, limits)
+        names, refused = prepare(uploads, spool, limits, redactor.redact)
         if not isolate:
             return diagnose_spool(spool, names, refused, redactor)
         ctx = _context()

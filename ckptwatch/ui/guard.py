@@ -48,6 +48,11 @@ def _is_ip(name: str) -> bool:
     return True
 
 
+def _same(given: str, token: str) -> bool:
+    """``given`` is ``token``, compared in constant time (as UTF-8 bytes: any text)."""
+    return hmac.compare_digest(given.encode("utf-8", "surrogateescape"), token.encode("utf-8", "surrogateescape"))
+
+
 def host_name(host_header: str) -> str:
     """The name part of a ``Host`` header (``name``, ``name:port``, ``[v6]:port``),
     lower-cased, without a trailing dot."""
@@ -88,7 +93,7 @@ def install(app: Flask, *, token: str | None = None, allow_hosts: Iterable[str] 
                 return refuse(403, "cross-origin request refused: post from the console's own pages")
         if token:
             given = request.args.get("token")
-            if given is not None and request.method in _SAFE_METHODS and hmac.compare_digest(given, token):
+            if given is not None and request.method in _SAFE_METHODS and _same(given, token):
                 rest = [(k, v) for k, v in request.args.items(multi=True) if k != "token"]
                 resp = redirect(request.path + ("?" + urlencode(rest) if rest else ""), code=303)
                 resp.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="Strict", path="/")
@@ -96,7 +101,7 @@ def install(app: Flask, *, token: str | None = None, allow_hosts: Iterable[str] 
             auth = request.headers.get("Authorization", "")
             bearer = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
             cookie = request.cookies.get(TOKEN_COOKIE, "")
-            if not (hmac.compare_digest(bearer, token) or hmac.compare_digest(cookie, token)):
+            if not (_same(bearer, token) or _same(cookie, token)):
                 return refuse(401, "this console needs its token: open it once as /?token=TOKEN, "
                                    "or send Authorization: Bearer TOKEN")
         return None
