@@ -13,6 +13,11 @@ starts one JVM that is broker and controller at once, listening on free 127.0.0.
 (or ``--port``; a restart reuses the port it had). It returns once the broker answers a
 metadata request. ``stop`` sends SIGTERM (a clean shutdown) and SIGKILL after 30 s.
 
+A broker counts as running only when the process in the pid file is alive (not a zombie:
+a broker killed with ``kill -9`` stays one until its parent reaps it), is this directory's
+broker, and answers on its port; a stale pid file is removed. So ``start`` right after a
+``kill -9`` starts a new broker instead of handing back the dead one's address.
+
 Standard library only, so it runs before the project's virtualenv exists.
 """
 
@@ -106,6 +111,11 @@ def _write_config(state: Path, port: int, controller_port: int) -> Path:
         "transaction.state.log.replication.factor=1",
         "transaction.state.log.min.isr=1",
         "group.initial.rebalance.delay.ms=0",
+        # a broker killed (kill -9) keeps its registration until its lease runs out; the restarted
+        # one is refused (DUPLICATE_BROKER_REGISTRATION) until then: 4 s instead of 9 s, heartbeats
+        # every second (one node on loopback: its heartbeats do not cross a network)
+        "broker.session.timeout.ms=4000",
+        "broker.heartbeat.interval.ms=1000",
         "auto.create.topics.enable=false",
         "log.retention.hours=168",
         "",
@@ -129,21 +139,82 @@ def _java(lib: Path, state: Path, *args: str) -> list[str]:
             "-cp", f"{lib}/*", *args]
 
 
+def _alive(pid: int) -> bool:
+    """``pid`` is a live process: not gone, not a zombie (one that is our child is reaped)."""
+    try:
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False  # our child, dead: reaped now
+    except ChildProcessError:
+        pass  # not our child
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return False  # another user's process: the pid was reused
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True  # no /proc (macOS): kill(0) is all there is
+    return state not in ("Z", "X")
+
+
+def _ours(pid: int, state: Path) -> bool:
+    """``pid`` runs the broker of ``state`` (its command line names the state's config), not
+    a process that reused a dead broker's pid. True where there is no /proc to tell."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return True
+    return str(state / "server.properties").encode() in cmdline
+
+
 def _pid(state: Path) -> int | None:
+    """The pid of the broker of ``state`` if its process is alive, else None (a stale pid
+    file, of a broker killed or crashed, is removed)."""
     try:
         pid = int((state / "pid").read_text())
-        os.kill(pid, 0)
-        return pid
     except (OSError, ValueError):
         return None
+    if _alive(pid) and _ours(pid, state):
+        return pid
+    (state / "pid").unlink(missing_ok=True)
+    return None
+
+
+def _port(state: Path) -> int | None:
+    """The client port of ``state``'s broker, from its bootstrap file (None: never started)."""
+    try:
+        return int((state / "bootstrap").read_text().strip().rsplit(":", 1)[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _running(state: Path, timeout: float) -> str | None:
+    """The bootstrap address of ``state``'s broker if it runs: alive and answering on its
+    port (waiting up to ``timeout`` seconds for one still starting). None if none runs (a
+    stale pid file removed). Raises SystemExit for a live broker that does not answer."""
+    pid, port = _pid(state), _port(state)
+    if pid is None:
+        return None
+    deadline = time.monotonic() + timeout
+    while port is not None and time.monotonic() < deadline:
+        if _metadata_ok(port):
+            return f"127.0.0.1:{port}"
+        if _pid(state) is None:
+            return None  # it died meanwhile
+        time.sleep(0.3)
+    where = f"on 127.0.0.1:{port}" if port is not None else "(no bootstrap file: still starting?)"
+    sys.exit(f"kafka-local: the broker of {state} (pid {pid}) runs but does not answer {where}; stop it first")
 
 
 def start(state: Path, port: int | None, timeout: float) -> str:
     """Start (or find running) the broker of ``state``; returns its bootstrap address."""
     state.mkdir(parents=True, exist_ok=True)
     addr_file = state / "bootstrap"
-    if _pid(state) and addr_file.exists():
-        return addr_file.read_text().strip()
+    running = _running(state, timeout)
+    if running:
+        return running
     lib = fetch()
     if port is None and addr_file.exists():
         port = int(addr_file.read_text().rsplit(":", 1)[1])  # a restart keeps its address
@@ -182,13 +253,13 @@ def stop(state: Path, timeout: float = 30.0) -> bool:
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except OSError:
+        if not _alive(pid):
             break
         time.sleep(0.2)
     else:
         os.kill(pid, signal.SIGKILL)
+        while _alive(pid) and time.monotonic() < deadline + 10:  # gone (or a zombie) at once, as a rule
+            time.sleep(0.05)
     (state / "pid").unlink(missing_ok=True)
     return True
 
@@ -208,8 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "stop":
         print("stopped" if stop(state) else "not running")
     else:
-        running = _pid(state) is not None
-        print((state / "bootstrap").read_text().strip() if running else "not running")
+        pid, port = _pid(state), _port(state)
+        running = pid is not None and port is not None and _metadata_ok(port)
+        print(f"127.0.0.1:{port}" if running else "not answering" if pid is not None else "not running")
         return 0 if running else 1
     return 0
 

@@ -109,8 +109,15 @@ class Ev:
 
     @property
     def exitcode(self) -> int | None:
+        """The ``exitcode`` attribute as an int; None when absent or not a whole number
+        (an event from elsewhere may carry any JSON value there)."""
         v = self.attrs.get("exitcode")
-        return int(v) if v is not None else None
+        if isinstance(v, bool) or v is None:
+            return None
+        try:
+            return int(v)
+        except (TypeError, ValueError, OverflowError):
+            return None
 
     @property
     def signal(self) -> str | None:

@@ -1,4 +1,5 @@
-"""Topic creation: the events, incidents, saves and notifications topics, created if missing.
+"""Topic creation: the events, incidents, saves, notifications and dead-letter topics,
+created if missing.
 
 Every fleet service starts here, so this is where a wrong or unreachable broker address
 shows: :func:`ensure_topics` says it is waiting, prints a hint on how to check the address
@@ -70,6 +71,12 @@ class _Attempt:
             self.done.set()
 
 
+def dead_letter_topic(settings: KafkaSettings) -> str:
+    """Where the sink keeps the messages it could not take, of the events and incidents
+    topics alike (:mod:`ckptwatch.kafka.dead_letters`): ``<events topic>.dlq``."""
+    return f"{settings.events_topic}.dlq"
+
+
 def _create_missing(admin: Any, settings: KafkaSettings) -> None:
     existing = set(admin.list_topics())
     compacted = {"cleanup.policy": "compact"}
@@ -77,7 +84,7 @@ def _create_missing(admin: Any, settings: KafkaSettings) -> None:
         NewTopic(name, settings.partitions, settings.replication_factor,
                  topic_configs=compacted if name in (settings.saves_topic, settings.notifications_topic) else {})
         for name in (settings.events_topic, settings.incidents_topic, settings.saves_topic,
-                     settings.notifications_topic)
+                     settings.notifications_topic, dead_letter_topic(settings))
         if name not in existing
     ]
     if wanted:
@@ -89,11 +96,11 @@ def _create_missing(admin: Any, settings: KafkaSettings) -> None:
 
 def ensure_topics(settings: KafkaSettings, *, timeout: float | None = None,
                   on_wait: Callable[[str], None] | None = None, hint_after: float | None = None) -> None:
-    """Create ``settings.events_topic``, ``settings.incidents_topic``, ``settings.saves_topic``
-    and ``settings.notifications_topic`` with ``settings.partitions`` partitions if they do
-    not exist (an existing topic is left as it is). The saves and notifications topics are
-    compacted: only the latest fact of each checkpoint, and of each channel and incident,
-    matters.
+    """Create ``settings.events_topic``, ``settings.incidents_topic``, ``settings.saves_topic``,
+    ``settings.notifications_topic`` and the dead-letter topic (:func:`dead_letter_topic`)
+    with ``settings.partitions`` partitions if they do not exist (an existing topic is left
+    as it is). The saves and notifications topics are compacted: only the latest fact of
+    each checkpoint, and of each channel and incident, matters.
 
     Retries while the broker is unreachable or stops answering, for up to ``timeout``
     seconds (default ``settings.connect_timeout``), telling ``on_wait`` so every few

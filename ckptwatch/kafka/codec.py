@@ -32,8 +32,22 @@
   stored. :data:`SOURCES_HEADER` (optional too) names where the message's sources were read:
   JSON ``{"host": collector's hostname, "files": {source_id: path}}``, recorded in the
   sink's ``sources`` table so every evidence row names its file.
+
+  Every field is checked where it is decoded (:func:`decode_events_skipping`), so nothing a
+  detector or the sink cannot take gets past the codec: a value that is no batch at all (a
+  tombstone, 0 bytes, not Arrow nor JSON, a column that does not cast to EVENT_SCHEMA's
+  type) is left out whole; an event of a batch is left out (the batch's others kept) when it
+  lacks one of :data:`REQUIRED` (``offset`` names the event; ``rule_id`` and ``line`` are
+  what a detector reads it by), when ``kind`` or ``source_id`` is empty, ``offset`` negative,
+  ``ts`` outside [1970, 2200) (:data:`TS_MIN_NS`, :data:`TS_END_NS`), or ``attrs`` not null
+  and not a JSON object of strings, numbers (``NaN`` and ``Infinity`` as Python's ``json``
+  writes them), booleans and nulls (:data:`ATTRS_PATTERN`). An event ``kind`` not in
+  :data:`~ckptwatch.schema.EVENT_KINDS` passes (a newer collector's kind is stored, and
+  ignored by detectors that do not know it).
 * **incidents topic**: value = :meth:`ckptwatch.detectors.Incident.to_dict` as JSON; key =
   the incident id. The latest message of a key is the incident's current version.
+  :func:`decode_incident` checks the type of every field the sink stores or a detector
+  reads (and that times are UTC and in range).
 * **saves topic**: value = one :class:`~ckptwatch.detectors.checkpoints.SaveFact` as JSON
   (``first_ts`` and loss times as ISO 8601 UTC strings; ``losses`` as ``[time, step, loss]``
   triples, a non-finite loss as the JSON extension ``NaN`` / ``Infinity`` that Python's json
@@ -45,7 +59,10 @@ from __future__ import annotations
 
 import datetime as dt
 import io
+import itertools
 import json
+from collections.abc import Callable
+from typing import Any
 
 import polars as pl
 import pyarrow as pa
@@ -78,6 +95,31 @@ FANOUT_HEADER = "ckptwatch-fanout"
 
 #: events record header: where the message's sources were read (see the module docstring)
 SOURCES_HEADER = "ckptwatch-sources"
+
+#: event times accepted, in ns since the Unix epoch (UTC): from the epoch up to, not
+#: including, 2200-01-01. A time outside (negative, int64 max) is no training log's: an event
+#: carrying one is rejected where it is decoded
+TS_MIN_NS = 0
+TS_END_NS = 7_258_118_400 * 1_000_000_000
+#: the columns an event cannot do without: what names it (``source_id``, ``offset``), its
+#: time and kind, and the rule and line a detector reads it by
+REQUIRED = ("ts", "kind", "source_id", "offset", "rule_id", "line")
+
+_HEX = "[0-9a-fA-F]"
+#: a JSON string escape; a ``\\u`` surrogate only as a high-low pair (DuckDB refuses a lone one)
+_ESCAPE = (r'\\(?:["\\/bfnrt]|u(?:[0-9a-cA-CefEF]' + _HEX + r'{3}|[dD][0-7]' + _HEX + r'{2}'
+           r'|[dD][89abAB]' + _HEX + r'{2}\\u[dD][c-fC-F]' + _HEX + r'{2}))')
+_JSON_STRING = r'"(?:[^"\\\x00-\x1f]|' + _ESCAPE + r')*"'
+_JSON_SCALAR = (r'(?:' + _JSON_STRING + r'|-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?'
+                r'|true|false|null|NaN|-?Infinity)')
+_WS = r'[ \t\n\r]*'
+_MEMBER = _WS + _JSON_STRING + _WS + ":" + _WS + _JSON_SCALAR + _WS
+#: what an event's ``attrs`` must match (when not null): a JSON object whose values are
+#: strings, numbers, booleans or nulls, numbers as Python's ``json`` writes them (``NaN``,
+#: ``Infinity``, ``-Infinity`` included), as :func:`ckptwatch.rules.engine.attrs_json_of`
+#: builds it. A regular language, so checked by polars' linear-time regex engine over the
+#: whole column, with no work per event in Python
+ATTRS_PATTERN = r'^' + _WS + r'\{(?:' + _MEMBER + r'(?:,' + _MEMBER + r')*|' + _WS + r')\}' + _WS + r'$'
 
 
 def encode_sources(host: str, files: dict[str, str]) -> bytes:
@@ -119,7 +161,13 @@ def decode_floors(value: bytes) -> dict[str, int]:
 
 
 class DecodeError(Exception):
-    """A message that is not what the topic carries; names topic, partition and offset."""
+    """A message, or events of it, that are not what the topic carries. The text names the
+    field; the consumer adds topic, partition and offset. ``kept``: how many events of the
+    message were still taken (0: none, the message is left out whole)."""
+
+    def __init__(self, message: str, *, kept: int = 0) -> None:
+        super().__init__(message)
+        self.kept = kept
 
 
 def encode_events(events: pl.DataFrame) -> list[bytes]:
@@ -197,15 +245,44 @@ def decode_events(values: list[bytes]) -> pl.DataFrame:
     frame of every event of ``values`` in order (each value an Arrow IPC stream, one JSON
     event, or an NDJSON batch of them).
 
-    Raises DecodeError when a value is not a batch of events (the caller names the message)."""
+    Raises DecodeError when a value is not a batch of events or an event fails a check of
+    the module docstring (the caller names the message)."""
     return decode_event_messages(values)[0]
 
 
-def decode_event_messages(values: list[bytes]) -> tuple[pl.DataFrame, list[int]]:
+def decode_event_messages(values: list[bytes | None]) -> tuple[pl.DataFrame, list[int]]:
     """:func:`decode_events`, and how many of the frame's rows each value gave, in order
     (what a consumer needs to tell each event's message offset).
 
-    Raises DecodeError when a value is not a batch of events."""
+    Raises DecodeError when a value is not a batch of events, or an event of one fails a
+    check (see the module docstring)."""
+    for v in values:
+        why = _unusable(v)
+        if why:
+            raise DecodeError(why)
+    frame, counts = _decode_values(values)  # type: ignore[arg-type]
+    bad = _faulty_rows(frame)
+    if bad.any():
+        row = frame.filter(bad).head(1).with_columns(pl.col("ts").dt.epoch("ns").alias("_ns")).row(0, named=True)
+        raise DecodeError(_fault(row))
+    return frame, counts
+
+
+def _unusable(value: bytes | None) -> str | None:
+    """Why ``value`` cannot be a batch of events before it is parsed (None: it may be one)."""
+    if value is None:
+        return "a tombstone (no value), not a batch of events"
+    if not isinstance(value, bytes):
+        return f"a value of type {type(value).__name__}, not bytes"
+    if not value.strip():
+        return f"an empty value ({len(value)} bytes), not a batch of events"
+    return None
+
+
+def _decode_values(values: list[bytes]) -> tuple[pl.DataFrame, list[int]]:
+    """The events of ``values`` (each usable: see :func:`_unusable`) as one EVENT_SCHEMA
+    frame, unchecked row by row, and the rows each value gave. Raises DecodeError when a
+    value is not a batch of events."""
     if not values:
         return pl.DataFrame(schema=EVENT_SCHEMA), []
     frames: list[pl.DataFrame] = []
@@ -214,8 +291,13 @@ def decode_event_messages(values: list[bytes]) -> tuple[pl.DataFrame, list[int]]
     arrow: list[bytes] = []  # consecutive Arrow values: one frame
 
     def flush_run() -> None:
-        frames.append(_decode_ndjson(run))
-        counts.extend(v.count(b"\n") + 1 for v in run)  # JSON escapes a newline inside a string
+        frame = _decode_ndjson(run)
+        # one event a line; a blank line is none (JSON escapes a newline inside a string)
+        sizes = [sum(1 for line in v.split(b"\n") if line.strip()) for v in run]
+        if sum(sizes) != frame.height:  # a parser reading lines otherwise: no count to trust
+            raise DecodeError(f"not a ckptwatch events batch: {frame.height} events in {sum(sizes)} JSON lines")
+        frames.append(frame)
+        counts.extend(sizes)
         run.clear()
 
     def flush_arrow() -> None:
@@ -240,6 +322,42 @@ def decode_event_messages(values: list[bytes]) -> tuple[pl.DataFrame, list[int]]
     return (frames[0] if len(frames) == 1 else pl.concat(frames)), counts
 
 
+def _faulty_rows(frame: pl.DataFrame) -> pl.Series:
+    """Per row of an EVENT_SCHEMA ``frame``: True when the event fails a check of the module
+    docstring. Vectorized: no work per event in Python."""
+    if frame.is_empty():
+        return pl.Series("bad", [], dtype=pl.Boolean)
+    ns = pl.col("ts").dt.epoch("ns")
+    attrs = pl.col("attrs")
+    return frame.select(pl.any_horizontal(
+        *(pl.col(c).is_null() for c in REQUIRED), ns < TS_MIN_NS, ns >= TS_END_NS, pl.col("offset") < 0,
+        pl.col("kind") == "", pl.col("source_id") == "",
+        attrs.is_not_null() & ~attrs.str.contains(ATTRS_PATTERN),
+    ).fill_null(False).alias("bad")).to_series()
+
+
+def _fault(row: dict[str, Any]) -> str:
+    """What is wrong with one event (a row of a frame with ``_ns``, its ``ts`` in ns), naming
+    the field."""
+    for c in REQUIRED:
+        if row[c] is None:
+            return (f"field {c}: missing (a ckptwatch event needs kind, source_id and ts, and an offset, "
+                    "rule_id and line)")
+    if not TS_MIN_NS <= row["_ns"] < TS_END_NS:
+        return f"field ts: {row['_ns']} ns since the epoch is not a time from 1970 to 2200 (UTC)"
+    if row["offset"] < 0:
+        return f"field offset: {row['offset']} is negative"
+    for c in ("kind", "source_id"):
+        if row[c] == "":
+            return f"field {c}: empty"
+    return (f"field attrs: not a JSON object of strings, numbers, booleans and nulls: "
+            f"{_cut(row['attrs'])}")
+
+
+def _cut(text: str, n: int = 80) -> str:
+    return repr(text if len(text) <= n else text[:n] + "...")
+
+
 def _decode_arrow(values: list[bytes], n: int) -> tuple[pl.DataFrame, list[int]]:
     """Consecutive Arrow IPC values as one frame, and the rows each gave. They are read into
     one Arrow table and converted, cast and checked once: per message, that work cost
@@ -260,8 +378,8 @@ def _decode_arrow(values: list[bytes], n: int) -> tuple[pl.DataFrame, list[int]]
 
 def _checked_events(table: pa.Table, what: str) -> pl.DataFrame:
     """An Arrow table of events as an EVENT_SCHEMA frame. Raises DecodeError (naming
-    ``what``) when it lacks a column, a column does not cast, or an event has no kind,
-    source_id or ts."""
+    ``what``) when it lacks a column or a column does not cast (each event is checked
+    after, by :func:`_faulty_rows`)."""
     try:
         frame = pl.from_arrow(table, rechunk=False)  # a run of messages is many chunks: no copy into one
     except (pa.ArrowException, ValueError) as e:
@@ -274,9 +392,7 @@ def _checked_events(table: pa.Table, what: str) -> pl.DataFrame:
         frame = frame.select([pl.col(c).cast(t) for c, t in EVENT_SCHEMA.items()])
     except pl.exceptions.PolarsError as e:
         raise DecodeError(f"not a ckptwatch events batch ({what}): {e}") from None
-    if frame["kind"].null_count() or frame["source_id"].null_count() or frame["ts"].null_count():
-        raise DecodeError(f"a ckptwatch event needs kind, source_id and ts ({what})")
-    return frame
+    return frame  # each event checked by _faulty_rows
 
 
 def _decode_ndjson(values: list[bytes]) -> pl.DataFrame:
@@ -285,8 +401,6 @@ def _decode_ndjson(values: list[bytes]) -> pl.DataFrame:
         wire = pl.read_ndjson(io.BytesIO(b"\n".join(values)), schema=_WIRE_SCHEMA)
     except Exception:  # polars raises several types for bad JSON
         raise DecodeError(f"not a ckptwatch event (a JSON object with ts, kind, source_id, offset, ...): {what}") from None
-    if wire["kind"].null_count() or wire["source_id"].null_count() or wire["ts"].null_count():
-        raise DecodeError(f"a ckptwatch event needs kind, source_id and ts: {what}")
     return wire.with_columns(pl.from_epoch(pl.col("ts"), time_unit="ns").cast(TS))
 
 
@@ -294,18 +408,81 @@ def encode_incident(inc: Incident) -> bytes:
     return json.dumps(inc.to_dict()).encode()
 
 
-def decode_incident(value: bytes) -> Incident:
-    """Raises DecodeError when the value is not an incident."""
+def decode_incident(value: bytes | None) -> Incident:
+    """One incidents-topic value as an Incident, every field checked (see
+    :func:`check_incident`). Raises DecodeError naming what is wrong (a tombstone, not JSON,
+    a field missing or of the wrong type)."""
+    if value is None:
+        raise DecodeError("a tombstone (no value), not an incident")
     try:
         d = json.loads(value)
-    except ValueError:
+    except (ValueError, TypeError):
         raise DecodeError(f"not JSON: {value[:80]!r}") from None
     try:
-        return Incident.from_dict(d)
+        inc = Incident.from_dict(d)
     except KeyError as e:
         raise DecodeError(f"not a ckptwatch incident: no field {e}") from None
     except (ValueError, TypeError, AttributeError) as e:
         raise DecodeError(f"not a ckptwatch incident: {e}") from None
+    check_incident(inc)
+    return inc
+
+
+def _int(v: Any, bits: int = 64) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and -(1 << (bits - 1)) <= v < 1 << (bits - 1)
+
+
+def _opt(ok: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda v: v is None or ok(v)
+
+
+def _str(v: Any) -> bool:
+    return isinstance(v, str)
+
+
+def _time(v: Any) -> bool:
+    """A UTC-aware time from 1970 to 2200, as an event's (see :data:`TS_END_NS`)."""
+    return (isinstance(v, dt.datetime) and v.utcoffset() is not None
+            and _EPOCH <= v < _EPOCH + dt.timedelta(microseconds=TS_END_NS // 1000))
+
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+#: field -> check, of an incident, its root cause and its evidence items: the types the
+#: sink's tables and the detectors take
+_INCIDENT_FIELDS: dict[str, Callable[[Any], bool]] = {
+    "id": lambda v: _str(v) and v != "", "kind": lambda v: _str(v) and v != "", "job": _opt(_str),
+    "step": _opt(_int), "checkpoint_path": _opt(_str), "remediation": _str, "severity": _str, "status": _str,
+    "first_ts": _time, "detected_ts": _opt(_time), "checkpoint_state": lambda v: isinstance(v, dict),
+    "collateral": lambda v: isinstance(v, list) and all(_int(r, 32) for r in v),
+    "last_good_checkpoint": _opt(lambda v: isinstance(v, dict) and _opt(_int)(v.get("step"))
+                                 and _opt(_str)(v.get("path"))),
+    "commands": lambda v: isinstance(v, list) and all(isinstance(c, dict) for c in v),
+}
+_ROOT_FIELDS: dict[str, Callable[[Any], bool]] = {
+    "cls": _str, "rank": _opt(lambda v: _int(v, 32)), "host": _opt(_str), "pid": _opt(_int), "ts": _opt(_time),
+    "rule_id": _opt(_str), "line": _opt(_str), "signal": _opt(_str), "note": _str, "sender": _opt(_str),
+}
+_EVIDENCE_FIELDS: dict[str, Callable[[Any], bool]] = {
+    "source_id": _str, "offset": _int, "ts": _time, "kind": _str, "rank": _opt(lambda v: _int(v, 32)),
+    "host": _opt(_str), "rule_id": _str, "line": _str, "role": _str,
+}
+
+
+def check_incident(inc: Incident) -> None:
+    """Raises DecodeError naming the first field of ``inc`` (or of its root cause or an
+    evidence item) whose value is not of its type: ids and kinds non-empty strings, steps
+    64-bit integers, ranks 32-bit ones, times UTC from 1970 to 2200, ... (what the sink's
+    tables and the detectors take)."""
+    items = [("", inc, _INCIDENT_FIELDS)]
+    if inc.root_cause is not None:
+        items.append(("root_cause.", inc.root_cause, _ROOT_FIELDS))
+    items += [(f"evidence[{i}].", e, _EVIDENCE_FIELDS) for i, e in enumerate(inc.evidence)]
+    for prefix, obj, fields in items:
+        for name, ok in fields.items():
+            v = getattr(obj, name)
+            if not ok(v):
+                shown = name if prefix != "root_cause." or name != "cls" else "class"
+                raise DecodeError(f"not a ckptwatch incident: field {prefix}{shown}: {_cut(repr(v))} is not of its type")
 
 
 def save_fact_key(fact: SaveFact) -> bytes:
@@ -323,12 +500,15 @@ def encode_save_fact(fact: SaveFact) -> bytes:
     }).encode()
 
 
-def decode_save_fact(value: bytes) -> SaveFact:
-    """Inverse of :func:`encode_save_fact`. Raises DecodeError when the value is not a save fact."""
+def decode_save_fact(value: bytes | None) -> SaveFact:
+    """Inverse of :func:`encode_save_fact`. Raises DecodeError when the value is not a save
+    fact (a tombstone, not JSON, a field missing or of the wrong type, a time not UTC)."""
+    if value is None:
+        raise DecodeError("a tombstone (no value), not a save fact")
     try:
         d = json.loads(value)
         first = d["first_ts"]
-        return SaveFact(
+        fact = SaveFact(
             job=str(d["job"]), step=int(d["step"]), path=d["path"], complete=bool(d["complete"]),
             first_ts=dt.datetime.fromisoformat(first) if first else None,
             world_size=None if d["world_size"] is None else int(d["world_size"]),
@@ -339,25 +519,62 @@ def decode_save_fact(value: bytes) -> SaveFact:
         raise DecodeError(f"not a ckptwatch save fact: no field {e}") from None
     except (ValueError, TypeError, AttributeError) as e:
         raise DecodeError(f"not a ckptwatch save fact: {e}") from None
+    times = [fact.first_ts] if fact.first_ts else []
+    if not (_int(fact.step) and all(_time(t) for t in times + [ts for ts, _, _ in fact.losses])):
+        raise DecodeError(f"not a ckptwatch save fact: a step out of range or a time not UTC in 1970..2200: "
+                          f"{_cut(repr(value))}")
+    return fact
 
 
-def decode_events_skipping(values: list[bytes]) -> tuple[pl.DataFrame, list[tuple[int, DecodeError]], list[int]]:
-    """Like :func:`decode_event_messages`, but a bad value is left out instead of failing the
-    batch. Returns the frame of the good ones, ``(index in values, error)`` for each bad one,
-    and the rows each value gave (0 for a bad one)."""
-    try:
-        frame, counts = decode_event_messages(values)
-        return frame, [], counts
-    except DecodeError:
-        pass
-    frames, bad, counts = [], [], []
+def decode_events_skipping(values: list[bytes | None]
+                           ) -> tuple[pl.DataFrame, list[tuple[int, DecodeError]], list[int]]:
+    """Like :func:`decode_event_messages`, but what is bad is left out instead of failing
+    the batch: a value that is no batch of events whole, an event that fails a check (see
+    the module docstring) alone, the other events of its value kept.
+
+    Returns the frame of the events kept, ``(index in values, error)`` for each value with
+    something left out (the error names the field and, in ``kept``, how many of its events
+    were kept), and the events kept of each value (0 for one left out whole)."""
+    bad: dict[int, DecodeError] = {}
     for i, v in enumerate(values):
-        try:
-            frame, (n,) = decode_event_messages([v])
-        except DecodeError as e:
-            bad.append((i, e))
-            counts.append(0)
-            continue
-        frames.append(frame)
-        counts.append(n)
-    return (pl.concat(frames) if frames else pl.DataFrame(schema=EVENT_SCHEMA)), bad, counts
+        why = _unusable(v)
+        if why:
+            bad[i] = DecodeError(why)
+    usable = [i for i in range(len(values)) if i not in bad]
+    try:
+        frame, sizes = _decode_values([values[i] for i in usable])  # type: ignore[misc]
+        given = dict(zip(usable, sizes, strict=True))
+    except DecodeError:  # one bad value: each on its own (only then, one parse each)
+        frames, given = [], {}
+        for i in usable:
+            try:
+                one, (given[i],) = _decode_values([values[i]])  # type: ignore[list-item]
+            except DecodeError as e:
+                bad[i] = e
+                continue
+            frames.append(one)
+        frame = pl.concat(frames) if frames else pl.DataFrame(schema=EVENT_SCHEMA)
+    counts = [given.get(i, 0) for i in range(len(values))]
+    faulty = _faulty_rows(frame)
+    if faulty.any():
+        frame, counts = _reject_rows(frame, faulty, counts, bad)
+    return frame, sorted(bad.items()), counts
+
+
+def _reject_rows(frame: pl.DataFrame, faulty: pl.Series, counts: list[int],
+                 bad: dict[int, DecodeError]) -> tuple[pl.DataFrame, list[int]]:
+    """``frame`` without its ``faulty`` rows and the rows each value keeps; a DecodeError in
+    ``bad`` for each value that lost some, naming how many and the first one's field."""
+    starts = list(itertools.accumulate(counts, initial=0))
+    message = pl.Series("_message", range(len(counts)), dtype=pl.Int64).repeat_by(
+        pl.Series(counts, dtype=pl.UInt32)).explode()
+    rows = (frame.with_columns(message, pl.col("ts").dt.epoch("ns").alias("_ns"), pl.int_range(pl.len()).alias("_row"))
+            .filter(faulty))
+    kept = list(counts)
+    for (i,), group in rows.group_by("_message", maintain_order=True):
+        row = group.row(0, named=True)
+        kept[i] -= group.height
+        bad[i] = DecodeError(f"{group.height} of {counts[i]} event(s) rejected; event {row['_row'] - starts[i]} "
+                             f"(source_id {row['source_id']!r}, offset {row['offset']}): {_fault(row)}",
+                             kept=kept[i])
+    return frame.filter(~faulty), kept

@@ -3,6 +3,10 @@
 The services call :meth:`GroupMember.commit` after what depends on the consumed records is
 durable (incidents produced, a DuckDB transaction committed): at-least-once delivery, made
 exactly-once in effect by idempotent keys downstream.
+
+Two helpers the consuming services share: :class:`Outage` says what a service says while
+the broker is away (and once it is back), :class:`OffsetGaps` finds offsets a consumer
+never received (deleted by retention before it read them).
 """
 
 from __future__ import annotations
@@ -54,6 +58,84 @@ def connect(settings: KafkaSettings, client_id: str, group: str | None, *,
     told every :data:`REPORT_EVERY` seconds. Raises KafkaError for a refusal."""
     return _retrying(settings, lambda: KafkaConsumer(**configuration.consumer(settings, client_id, group)),
                      why=lambda e: "no broker answers", on_wait=on_wait)
+
+
+def broker_away(e: BaseException | None) -> bool:
+    """``e`` is what a broker going away (or not back yet) raises: no connection, a timeout,
+    no coordinator. Refusals (authorization, a bad setting) are not; nor is None."""
+    return isinstance(e, KafkaError) and bool(getattr(e, "retriable", False))
+
+
+class Outage:
+    """What a consuming service says while the broker at ``bootstrap`` is away: ``waiting for
+    Kafka at ADDR (why)`` through ``say`` at most every :data:`REPORT_EVERY` seconds
+    (:meth:`away`, after each step the broker cut short), and once a step reaches it again
+    ``Kafka at ADDR answers again after N s`` (:meth:`back`). ``waits`` counts the steps cut
+    short."""
+
+    def __init__(self, bootstrap: str, say: Callable[[str], None]) -> None:
+        self.bootstrap, self.say = bootstrap, say
+        self.waits = 0
+        self._since: float | None = None  # monotonic time the broker went away, while it is
+        self._said = float("-inf")
+
+    def away(self, e: BaseException) -> None:
+        """A step failed (or could not commit) for want of the broker: count it, say so every
+        :data:`REPORT_EVERY` seconds."""
+        self.waits += 1
+        t = time.monotonic()
+        if self._since is None:
+            self._since = t
+        if t - self._said >= REPORT_EVERY:
+            self._said = t
+            self.say(f"waiting for Kafka at {self.bootstrap} ({e})")
+
+    def back(self) -> None:
+        """A step reached the broker: say it answers again, if it was away."""
+        if self._since is not None:
+            self.say(f"Kafka at {self.bootstrap} answers again after {time.monotonic() - self._since:.0f} s")
+            self._since = None
+
+
+class OffsetGaps:
+    """Offsets of a partition that a consumer skipped without receiving them. The topics
+    here are neither compacted nor transactional, so a partition's offsets are consecutive
+    and a jump is records gone: retention (or ``kafka-delete-records``) deleted them before
+    they were read, the fetch position got ``OffsetOutOfRange`` and the consumer reset to
+    the earliest offset left (``auto_offset_reset``), past them.
+
+    Tell it where each partition is expected to go on (:meth:`expect`: the offset stored or
+    committed when it was assigned; unknown: from the first record received) and give it
+    every record received, in offset order per partition (:meth:`check`); records below the
+    expected offset (a replay) move nothing."""
+
+    def __init__(self) -> None:
+        self._next: dict[TopicPartition, int] = {}
+
+    def expect(self, tp: TopicPartition, offset: int | None) -> None:
+        """``tp`` should go on at ``offset`` (None: unknown; learned from its next record)."""
+        if offset is None:
+            self._next.pop(tp, None)
+        else:
+            self._next[tp] = offset
+
+    def forget(self, partitions: Iterable[TopicPartition]) -> None:
+        """``partitions`` left this consumer (revoked, or assigned afresh)."""
+        for tp in partitions:
+            self._next.pop(tp, None)
+
+    def check(self, records: Iterable[ConsumerRecord]) -> list[tuple[TopicPartition, int, int]]:
+        """``(partition, first offset missing, offset received)`` for each jump in
+        ``records`` (the offsets ``first .. received - 1`` were never received)."""
+        gaps = []
+        for r in records:
+            tp = TopicPartition(r.topic, r.partition)
+            want = self._next.get(tp)
+            if want is not None and r.offset > want:
+                gaps.append((tp, want, r.offset))
+            if want is None or r.offset >= want:
+                self._next[tp] = r.offset + 1
+        return gaps
 
 
 class _Listener(ConsumerRebalanceListener):

@@ -21,7 +21,7 @@ class Message:
 
     topic: str
     key: bytes | None
-    value: bytes
+    value: bytes | None  # None: a tombstone (a dead letter of one)
     partition: int | None = None
     #: Kafka record headers ``(name, value)``, e.g. :data:`~ckptwatch.kafka.codec.FLOORS_HEADER`
     headers: tuple[tuple[str, bytes], ...] = ()

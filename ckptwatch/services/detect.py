@@ -39,7 +39,17 @@ file before it judges.
 A broker restart is waited out: a step that cannot reach the broker (no bootstrap, no
 coordinator, a timed-out offset or topic read) says ``waiting for Kafka at ...`` (every few
 seconds), rewinds the fetch positions to what was fed, and is tried again; nothing fed,
-published or committed is lost or repeated. With ``--until-idle``, the member concludes
+published or committed is lost or repeated.
+
+What a member cannot take never stops it: a message that is no batch of events, or an
+event that fails a check of the codec (see :mod:`ckptwatch.kafka.codec`), is skipped,
+counted (``ckptwatch_records_skipped_total{reason="bad_message"}``) and said in one line
+naming topic, partition, offset and field; the batch's good events are fed, and the offsets
+past it committed (no crash loop, no partition handed from member to member). The sink
+keeps such messages in the dead-letter topic. Offsets of a partition that were never
+received by any member (retention deleted them before the group read them:
+:class:`~ckptwatch.kafka.consumer.OffsetGaps`) are said in one line and counted
+(``reason="offsets_lost"``, one per offset). With ``--until-idle``, the member concludes
 what waits for late evidence before it exits (:meth:`DetectorMember.finish`), as the
 embedded ``run --once`` and ``diagnose`` do.
 
@@ -69,12 +79,12 @@ from ckptwatch.config import Config
 from ckptwatch import pipeline
 from ckptwatch.detectors import Detector, DetectorConfig, Incident
 from ckptwatch.detectors.checkpoints import BAD_KINDS
-from ckptwatch.kafka.admin import REPORT_EVERY, ensure_topics
+from ckptwatch.kafka.admin import ensure_topics
 from ckptwatch.detectors.checkpoints import SaveFact
 from ckptwatch.detectors.runner import UNKNOWN_JOB
 from ckptwatch.kafka.codec import (DecodeError, decode_events_skipping, decode_incident, decode_save_fact,
                                    encode_incident, encode_save_fact, save_fact_key)
-from ckptwatch.kafka.consumer import GroupMember, TopicReader, read_to_end
+from ckptwatch.kafka.consumer import GroupMember, OffsetGaps, Outage, TopicReader, broker_away, read_to_end
 from ckptwatch.kafka.producer import Message, Publisher
 from ckptwatch.services.replay import ReplayStart, decode_metadata, encode_metadata
 from ckptwatch.sinks.metrics import Metrics
@@ -90,12 +100,6 @@ LIVE_ASK_S = 1.0
 LIVE_RECORD_S = 5.0
 
 
-def broker_away(e: BaseException) -> bool:
-    """``e`` is what a broker going away (or not back yet) raises: no connection, a timeout,
-    no coordinator. Refusals (authorization, a bad setting) are not."""
-    return isinstance(e, KafkaError) and bool(getattr(e, "retriable", False))
-
-
 @dataclass
 class DetectStats:
     """Counters of one detector member."""
@@ -106,6 +110,7 @@ class DetectStats:
     incidents_published: int = 0
     rebalances: int = 0
     broker_waits: int = 0
+    offsets_lost: int = 0
 
 
 class DetectorMember:
@@ -132,8 +137,8 @@ class DetectorMember:
         self.committed: dict[TopicPartition, int] = {}  # what this member committed (or found committed)
         self._fed_ms: dict[TopicPartition, int] = {}  # Kafka timestamp (ms) of the last record fed
         self._asked: dict[TopicPartition, float] = {}  # monotonic time its detector was last asked
-        self._waiting_since: float | None = None  # monotonic time the broker went away, while it is
-        self._said = float("-inf")
+        self._outage = Outage(config.kafka.bootstrap_servers, self.on_message)
+        self._gaps = OffsetGaps()  # offsets no member of the group received
         self.published: dict[str, str] = {}  # incident id -> fingerprint of the latest published version
         self._refresh_published = True
         self._pending: set[TopicPartition] = set()  # assigned; committed offset not looked up yet
@@ -177,6 +182,7 @@ class DetectorMember:
             self.committed.pop(tp, None)
             self.replay_starts[tp] = ReplayStart()
             self._pending.add(tp)
+        self._gaps.forget(partitions)  # expected from the committed offset, once looked up
         if partitions:
             self.member.seek_to_beginning(partitions)
             self._refresh_published = True
@@ -193,6 +199,7 @@ class DetectorMember:
             self._fed_ms.pop(tp, None)
             self._asked.pop(tp, None)
             self._pending.discard(tp)
+        self._gaps.forget(partitions)
 
     # -- one unit of work ------------------------------------------------------------------
     def _load_published(self) -> None:
@@ -231,6 +238,13 @@ class DetectorMember:
         return any(job in det.jobs for det in self.detectors.values())
 
     def _feed(self, tp: TopicPartition, records: list[ConsumerRecord], now: dt.datetime) -> None:
+        for _, first, received in self._gaps.check(records):
+            n = received - first
+            self.stats.offsets_lost += n
+            self.metrics.count_skipped("offsets_lost", n)
+            self.on_message(f"{tp.topic} partition {tp.partition}: offsets {first} to {received - 1} ({n} message(s)) "
+                            f"were never received: the topic's retention deleted them before detector group "
+                            f"{self.config.detect.group} read them; their events are not judged")
         events, bad, counts = decode_events_skipping([r.value for r in records])
         for i, e in bad:
             self.stats.bad_messages += 1
@@ -299,18 +313,18 @@ class DetectorMember:
             self._broker_away(e)
             return 1
         if broker_away(self.member.commit_error):  # fed and published; committed at a later step
-            self._say_waiting(self.member.commit_error)  # type: ignore[arg-type]
-        elif self._waiting_since is not None:
-            self.on_message(f"Kafka at {self.config.kafka.bootstrap_servers} answers again after "
-                            f"{time.monotonic() - self._waiting_since:.0f} s")
-            self._waiting_since = None
+            self._outage.away(self.member.commit_error)  # type: ignore[arg-type]
+        else:
+            self._outage.back()
+        self.stats.broker_waits = self._outage.waits
         return consumed
 
     def _broker_away(self, e: KafkaError) -> None:
-        """After a step failed for want of the broker: say so (every :data:`REPORT_EVERY`
-        seconds), fetch again from what was fed (records polled in the failed step were not),
-        and pause a little."""
-        self._say_waiting(e)
+        """After a step failed for want of the broker: say so (every few seconds), fetch
+        again from what was fed (records polled in the failed step were not), and pause a
+        little."""
+        self._outage.away(e)
+        self.stats.broker_waits = self._outage.waits
         assigned = self.member.assignment()
         for tp, pos in self.position.items():
             if tp in assigned:
@@ -319,16 +333,6 @@ class DetectorMember:
                 except (IllegalStateError, AssertionError):  # revoked meanwhile: the new owner reads it
                     pass
         time.sleep(min(1.0, max(self.poll_timeout, 0.1)))
-
-    def _say_waiting(self, e: KafkaError) -> None:
-        """Count a step the broker cut short; say so every :data:`REPORT_EVERY` seconds."""
-        self.stats.broker_waits += 1
-        t = time.monotonic()
-        if self._waiting_since is None:
-            self._waiting_since = t
-        if t - self._said >= REPORT_EVERY:
-            self._said = t
-            self.on_message(f"waiting for Kafka at {self.config.kafka.bootstrap_servers} ({e})")
 
     def finish(self) -> None:
         """The input is complete (``--until-idle`` ended the run): feed what is still
@@ -369,6 +373,7 @@ class DetectorMember:
             self.replay_until[tp] = committed or 0
             if committed is not None:
                 self.committed[tp] = committed
+            self._gaps.expect(tp, committed)  # a group that never read it: from its first record
             start = decode_metadata(meta)
             if start is not None and 0 < start <= self.replay_until[tp] and tp in self.detectors:
                 self.position[tp] = start  # the jobs before it were released: not replayed

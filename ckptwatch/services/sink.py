@@ -15,25 +15,40 @@ file (DuckDB allows one writer). With an alerter, the incidents' notifications a
 in that same transaction and delivered from each step; each one delivered is mirrored to
 the compacted notifications topic, which a sink on a new database restores its
 notification log from before it consumes (:mod:`ckptwatch.services.notification_mirror`).
+
+What the sink cannot take never stops it: a message that is no batch of events or no
+incident, or an event of a batch that fails a check of the codec (a tombstone, 0 bytes,
+``attrs`` not JSON, ``offset`` null, a time out of range: see :mod:`ckptwatch.kafka.codec`)
+is skipped, counted (``ckptwatch_records_skipped_total{reason="bad_message"}``), said in one
+line naming topic, partition, offset and field, and kept in the dead-letter topic
+(:mod:`ckptwatch.kafka.dead_letters`) before the offsets past it are committed; the good
+events of a batch are stored. Offsets of the events topic that were never received
+(retention deleted them before the sink read them: :class:`~ckptwatch.kafka.consumer.OffsetGaps`)
+are said in one line and counted (``reason="offsets_lost"``, one per offset). A broker
+restart is waited out as the detector does: a step that cannot reach the broker says
+``waiting for Kafka at ...`` (every few seconds), rewinds the fetch positions to what is
+stored, and is tried again; ``answers again`` once it is back.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from kafka import TopicPartition
-from kafka.errors import KafkaError
+from kafka.errors import IllegalStateError, KafkaError
 from kafka.consumer.fetcher import ConsumerRecord
 
 from ckptwatch import failpoints
 from ckptwatch.config import Config
 from ckptwatch.detectors import Incident
-from ckptwatch.kafka.admin import ensure_topics
+from ckptwatch.kafka.admin import dead_letter_topic, ensure_topics
 from ckptwatch.kafka.codec import (FANOUT_HEADER, FLOORS_HEADER, SOURCES_HEADER, DecodeError, decode_events_skipping,
                                    decode_floors, decode_incident, decode_sources)
-from ckptwatch.kafka.consumer import GroupMember
+from ckptwatch.kafka.consumer import GroupMember, OffsetGaps, Outage, broker_away
+from ckptwatch.kafka.dead_letters import dead_letter
 from ckptwatch.kafka.producer import Publisher
 from ckptwatch.services import notification_mirror
 from ckptwatch.sinks.alerts.dispatcher import Alerter
@@ -43,12 +58,16 @@ from ckptwatch.sinks.metrics import Metrics
 
 @dataclass
 class SinkStats:
-    """Counters of the sink: rows written and messages skipped."""
+    """Counters of the sink: rows written, messages skipped (wholly or in part: each kept in
+    the dead-letter topic), offsets of the events topic never received, steps the broker
+    cut short."""
 
     events_received: int = 0
     events_inserted: int = 0
     incidents_upserted: int = 0
     bad_messages: int = 0
+    offsets_lost: int = 0
+    broker_waits: int = 0
 
 
 class SinkMember:
@@ -90,6 +109,10 @@ class SinkMember:
             alerter.on_sent = self.mirror.sent
         self.joined = False  # until the group coordinator assigned us partitions
         self._resumed: set[TopicPartition] = set()  # assigned; their resumed position not committed yet
+        self.dead_letters = dead_letter_topic(k)
+        self._dlq: Publisher | None = None  # opened at the first dead letter
+        self._gaps = OffsetGaps()  # of the events topic
+        self._outage = Outage(k.bootstrap_servers, self.on_message)
         self.member = GroupMember(k, config.sink.group, [k.events_topic, k.incidents_topic], client_id="ckptwatch-sink",
                                   on_assigned=self._assigned, on_revoked=self._revoked, on_wait=self.on_message)
 
@@ -99,6 +122,7 @@ class SinkMember:
         self._resumed |= partitions
         for tp in partitions:
             where = self._stored.get((tp.topic, tp.partition))
+            self._gaps.expect(tp, where)  # a database that never saw it: from its first record
             if where is None:
                 self.member.seek_to_beginning([tp])
             else:
@@ -106,6 +130,7 @@ class SinkMember:
 
     def _revoked(self, partitions: set[TopicPartition]) -> None:
         self._resumed -= partitions
+        self._gaps.forget(partitions)
 
     def _commit_resumed(self, records: list[ConsumerRecord]) -> None:
         """Commit where each newly assigned partition resumed (the offset stored in the
@@ -123,20 +148,76 @@ class SinkMember:
         if where and self.member.commit(where):
             self._resumed -= set(where)
 
-    def _bad(self, r: ConsumerRecord, e: Exception) -> None:
-        self.stats.bad_messages += 1
-        self.metrics.count_skipped("bad_message")
-        self.on_message(f"{r.topic} partition {r.partition} offset {r.offset}: skipped: {e}")
+    def _dead_letters(self, bad: list[tuple[ConsumerRecord, DecodeError]]) -> None:
+        """Skip, count, say and keep each message of ``bad`` (what it could not take, and
+        why): published to the dead-letter topic, acknowledged before this returns (so
+        before the offsets past it are committed)."""
+        if not bad:
+            return
+        for r, e in bad:
+            self.stats.bad_messages += 1
+            self.metrics.count_skipped("bad_message")
+            self.on_message(f"{r.topic} partition {r.partition} offset {r.offset}: skipped: {e}; "
+                            f"kept in {self.dead_letters}")
+        if self._dlq is None:
+            self._dlq = Publisher(self.config.kafka, client_id="ckptwatch-sink-dlq", on_wait=self.on_message)
+        self._dlq.publish([dead_letter(r, str(e), topic=self.dead_letters, group=self.config.sink.group)
+                           for r, e in bad])
+
+    def _lost(self, records: list[ConsumerRecord]) -> None:
+        """Say and count the offsets of the events topic ``records`` jumped over."""
+        events = [r for r in records if r.topic == self.config.kafka.events_topic]
+        for tp, first, received in self._gaps.check(events):
+            n = received - first
+            self.stats.offsets_lost += n
+            self.metrics.count_skipped("offsets_lost", n)
+            self.on_message(f"{tp.topic} partition {tp.partition}: offsets {first} to {received - 1} ({n} message(s)) "
+                            f"were never received: the topic's retention deleted them before sink group "
+                            f"{self.config.sink.group} read them; their events are not stored")
 
     def step(self) -> int:
         """Poll, write, commit, deliver alerts. Returns the number of records consumed plus
-        alert deliveries done or in flight (1 while not yet in the group, so that waiting to
-        join is not mistaken for idleness)."""
+        alert deliveries done or in flight (1 while not yet in the group, or while the
+        broker cannot be reached, so that waiting is not mistaken for idleness).
+
+        A broker that went away (a restart) is waited out: the step says so through
+        ``on_message`` (every few seconds), rewinds the fetch positions to what is stored,
+        and returns; the next step tries again. Raises KafkaError for a refusal."""
         alerts = self.alerter.step() if self.alerter else 0
         if self.mirror is not None:
             self.mirror.flush()
         self._retain()
-        return self._consume() + alerts
+        try:
+            consumed = self._consume()
+        except KafkaError as e:
+            if not broker_away(e):
+                raise
+            self._broker_away(e)
+            return 1 + alerts
+        if broker_away(self.member.commit_error):  # stored; the group's offsets are committed later
+            self._outage.away(self.member.commit_error)  # type: ignore[arg-type]
+        else:
+            self._outage.back()
+        self.stats.broker_waits = self._outage.waits
+        return consumed + alerts
+
+    def _broker_away(self, e: KafkaError) -> None:
+        """After a step failed for want of the broker: say so (every few seconds), fetch
+        again from what is stored (records polled in the failed step were not), and pause
+        a little."""
+        self._outage.away(e)
+        self.stats.broker_waits = self._outage.waits
+        for tp in self.member.assignment():
+            where = self._stored.get((tp.topic, tp.partition))
+            try:
+                if where is None:
+                    self.member.seek_to_beginning([tp])
+                else:
+                    self.member.seek(tp, where)
+            except (IllegalStateError, AssertionError):  # revoked meanwhile: the new owner reads it
+                pass
+            self._gaps.expect(tp, where)
+        time.sleep(min(1.0, max(self.poll_timeout, 0.1)))
 
     def _retain(self) -> None:
         """Once an hour, delete raw events older than ``[sink] retention_days`` of jobs
@@ -155,9 +236,11 @@ class SinkMember:
         self.metrics.set_consumer_lag(self.config.sink.group, self.member.lag())
         if not records:
             return 0 if self.joined else 1
+        self._lost(records)
         event_recs = []
         incidents: dict[str, Incident] = {}
         offsets: dict[TopicPartition, int] = {}
+        bad: list[tuple[ConsumerRecord, DecodeError]] = []
         for r in records:
             offsets[TopicPartition(r.topic, r.partition)] = r.offset + 1
             if r.topic == self.config.kafka.events_topic:
@@ -167,11 +250,11 @@ class SinkMember:
                     inc = decode_incident(r.value)
                     incidents[inc.id] = inc  # the latest version of each id wins
                 except DecodeError as e:
-                    self._bad(r, e)
+                    bad.append((r, e))
         event_recs, floors, floored, files = self._to_store(event_recs)
-        events, bad, counts = decode_events_skipping([r.value for r in event_recs])
-        for i, e in bad:
-            self._bad(event_recs[i], e)
+        events, bad_events, counts = decode_events_skipping([r.value for r in event_recs])
+        bad += [(event_recs[i], e) for i, e in bad_events]
+        self._dead_letters(sorted(bad, key=lambda b: (b[0].topic, b[0].partition, b[0].offset)))
         unfloored: set[str] = set()  # sources with events that came without a floor: checked in the table
         start = 0
         for has_floor, n in zip(floored, counts, strict=True):
@@ -239,4 +322,6 @@ class SinkMember:
         if self.mirror is not None:
             self.mirror.flush()
             self.mirror.publisher.close()
+        if self._dlq is not None:
+            self._dlq.close()
         self.member.close()

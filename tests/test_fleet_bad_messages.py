@@ -1,0 +1,237 @@
+"""A poison message on the events topic stops nothing (issue 35, items 9 and 14).
+
+Before: a tombstone raised ``AttributeError`` in the codec, a 0-byte value ``ShapeError`` in
+the detector, ``attrs`` that is not JSON ``JSONDecodeError`` (detector) and a DuckDB
+``Conversion Error`` (sink), ``offset: null`` a ``NOT NULL constraint`` (sink) and a
+``TypeError`` (detector); every member and the sink exited, and again on each restart.
+Events at int64 max or before 1970 were stored and judged. Now each field is checked where
+it is decoded: what is bad is skipped, counted, said in one line naming topic, partition,
+offset and field, and kept in the dead-letter topic; the good events of the partition, also
+those after the bad ones, are stored and paged."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+
+import duckdb
+import polars as pl
+import pytest
+from alert_support import sent
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from kafka_support import fresh_config, topic_messages
+
+from ckptwatch.config import AlertSettings
+from ckptwatch.detectors.incident import Incident
+from ckptwatch.ingest.layout import compile_template
+from ckptwatch.kafka import codec, dead_letters
+from ckptwatch.kafka.admin import dead_letter_topic, ensure_topics
+from ckptwatch.kafka.producer import Message, Publisher
+from ckptwatch.rules import RuleSet
+from ckptwatch.schema import EVENT_SCHEMA
+from ckptwatch.services.collect import Collector
+from ckptwatch.services.detect import DetectorMember
+from ckptwatch.services.sink import SinkMember
+from ckptwatch.sinks.alerts.setup import alerter_from_config
+from ckptwatch.sinks.duckdb_store import Store
+from ckptwatch.sinks.metrics import Metrics
+
+T0 = 1_764_489_600_000_000_000  # 2025-11-30T08:00:00Z in ns
+GOOD = {"ts": T0, "kind": "metric", "job": "job-z", "source_id": "src-z", "offset": 0, "rule_id": "r",
+        "line": "step 1 loss 2.0", "attrs": '{"loss": 2.0}', "step": 1}
+
+
+def ndjson(**changes) -> bytes:
+    return json.dumps({**GOOD, **changes}).encode()
+
+
+def arrow(*rows: dict) -> bytes:
+    """One Arrow events message of ``rows`` (GOOD with changes; ``ts`` in ns)."""
+    frame = pl.DataFrame([{**{c: None for c in EVENT_SCHEMA}, **GOOD, **r} for r in rows],
+                         schema={**EVENT_SCHEMA, "ts": pl.Int64})
+    frame = frame.with_columns(pl.from_epoch("ts", time_unit="ns").dt.replace_time_zone("UTC"))
+    ((_, value),) = codec.encode_event_batches(frame, [b"job-z"] * frame.height)
+    return value
+
+
+#: each shape of the issue, as one message: (value, the words of its line)
+SHAPES = {
+    "tombstone": (None, "a tombstone (no value)"),
+    "0-byte value": (b"", "an empty value (0 bytes)"),
+    "attrs not JSON": (ndjson(attrs="not json"), "field attrs: not a JSON object"),
+    "attrs not JSON, Arrow": (arrow({"attrs": "{loss: 2"}), "field attrs: not a JSON object"),
+    "offset null": (ndjson(offset=None), "field offset: missing"),
+    "offset null, Arrow": (arrow({"offset": None}), "field offset: missing"),
+    "time at int64 max": (ndjson(ts=2**63 - 1), "field ts: 9223372036854775807 ns since the epoch is not a time"),
+    "time negative, Arrow": (arrow({"ts": -1}), "field ts: -1 ns since the epoch is not a time"),
+    "time after 2200": (ndjson(ts=codec.TS_END_NS), "is not a time from 1970 to 2200"),
+}
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_each_bad_shape_is_left_out_named_and_the_next_message_decoded(shape):
+    value, words = SHAPES[shape]
+    frame, bad, counts = codec.decode_events_skipping([value, ndjson(offset=7), arrow({"offset": 8})])
+    assert frame["offset"].to_list() == [7, 8] and counts == [0, 1, 1]
+    ((i, e),) = bad
+    assert i == 0 and words in str(e) and e.kept == 0
+    with pytest.raises(codec.DecodeError) as strict:
+        codec.decode_events([value])
+    assert words in str(strict.value)
+
+
+def test_a_batch_keeps_its_good_events_and_names_the_first_bad_one():
+    value = arrow({"offset": 1}, {"offset": 2, "ts": -5}, {"offset": 3, "attrs": "[1]"}, {"offset": 4})
+    frame, ((i, e),), counts = codec.decode_events_skipping([ndjson(offset=0), value, ndjson(offset=5)])
+    assert frame["offset"].to_list() == [0, 1, 4, 5] and counts == [1, 2, 1]
+    assert (i, e.kept) == (1, 2)
+    assert str(e).startswith("2 of 4 event(s) rejected; event 1 (source_id 'src-z', offset 2): field ts: -5 ns")
+    blank_lines = ndjson(offset=9) + b"\n\n" + ndjson(offset=10) + b"\n"  # counted by events, not newlines
+    assert codec.decode_events_skipping([blank_lines, ndjson(offset=11)])[2] == [2, 1]
+
+
+def test_attrs_pattern_takes_what_the_rules_write_and_nothing_duckdb_or_the_detectors_refuse():
+    con = duckdb.connect()
+    con.execute("CREATE TABLE t (a JSON)")
+
+    def takes(text: str) -> bool:
+        return pl.Series([text]).str.contains(codec.ATTRS_PATTERN)[0]
+
+    def duckdb_takes(text: str) -> bool:
+        try:
+            con.execute("INSERT INTO t VALUES (?)", [text])
+            return True
+        except duckdb.Error:
+            return False
+
+    scalar = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(),
+                       st.text(st.characters(exclude_categories=["Cs"]), max_size=5))
+    noise = st.text(st.sampled_from(list('{}[]":,\\ \nu0d8c.eE-NaInfty\x00\x1f')), max_size=3)
+
+    @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.dictionaries(st.text(max_size=4).filter(lambda k: k.encode("utf-8", "ignore").decode() == k), scalar,
+                           max_size=3), st.booleans(), st.integers(0, 60), noise, st.integers(0, 2))
+    def check(attrs, ascii_only, at, insert, cut):
+        text = json.dumps(attrs, ensure_ascii=ascii_only)
+        assert takes(text) and duckdb_takes(text)  # every object of scalars Python's json writes
+        text = text[:at] + insert + text[at + cut:]
+        if takes(text):  # a mutation taken is still an object of scalars both read
+            doc = json.loads(text)
+            assert isinstance(doc, dict) and not any(isinstance(v, (dict, list)) for v in doc.values())
+            assert duckdb_takes(text)
+
+    check()
+    for text in ('{"a": "\\ud800"}', '{"a": {"b": 1}}', '{"a": [1]}', '{"a": nan}', '{"a": 1,}', '"s"', "", "{} x"):
+        assert not takes(text), text
+
+
+def test_an_incident_or_save_fact_message_is_checked_field_by_field():
+    from alert_support import sigkill_incident
+
+    good = sigkill_incident().to_dict()
+    assert codec.decode_incident(json.dumps(good).encode()).id == good["id"]
+    for value, words in [
+        (None, "a tombstone"),
+        (json.dumps({**good, "step": 2**70}).encode(), "field step"),
+        (json.dumps({**good, "first_ts": "2026-11-30T10:00:00"}).encode(), "field first_ts"),  # not UTC
+        (json.dumps({**good, "collateral": ["x"]}).encode(), "field collateral"),
+        (json.dumps({**good, "evidence": [{**good["evidence"][0], "offset": None}]}).encode(), "evidence[0].offset"),
+    ]:
+        with pytest.raises(codec.DecodeError, match=words.replace("[", r"\[")):
+            codec.decode_incident(value)
+    with pytest.raises(codec.DecodeError, match="tombstone"):
+        codec.decode_save_fact(None)
+    assert isinstance(codec.decode_incident(codec.encode_incident(Incident.from_dict(good))), Incident)
+
+
+def failing_save(job: str) -> dict[str, str]:
+    """Two rank files: a complete save, then rank 1 fails the next one with ENOSPC (8 events)."""
+    t = "2026-11-30T08:0"
+    out = {}
+    for r in (0, 1):
+        lines = [f"{t}0:00.00{r}000Z ckptwatch event=save_start step=10 rank={r} world_size=2 path=/ckpt/{job}/step_10",
+                 f"{t}0:02.00{r}000Z ckptwatch event=save_end step=10 rank={r} world_size=2 files=2 bytes=4096 "
+                 f"path=/ckpt/{job}/step_10",
+                 f"{t}3:20.00{r}000Z ckptwatch event=save_start step=30 rank={r} world_size=2 path=/ckpt/{job}/step_30"]
+        lines.append(f"{t}3:21.000000Z ERROR OSError: [Errno 28] No space left on device: '/ckpt/{job}/step_30/x.pt'"
+                     if r else f"{t}3:22.000000Z ckptwatch event=save_end step=30 rank=0 world_size=2 files=2 "
+                               f"bytes=4096 path=/ckpt/{job}/step_30")
+        out[f"rank{r}.log"] = "\n".join(lines) + "\n"
+    return out
+
+
+def test_detector_and_sink_skip_count_report_and_keep_every_bad_shape_and_page_what_follows(
+        kafka_bootstrap, tmp_path, httpserver):
+    cfg = fresh_config(kafka_bootstrap, tmp_path, partitions=1)
+    cfg = dataclasses.replace(cfg, collect=dataclasses.replace(cfg.collect, paths=[str(tmp_path / "logs")]))
+    ensure_topics(cfg.kafka)
+    topic = cfg.kafka.events_topic
+    mixed = arrow({"offset": 1}, {"offset": 2, "ts": -1}, {"offset": 3, "attrs": "{oops"})
+    bad = [v for v, _ in SHAPES.values()] + [mixed]  # offsets 0..9, then job-a's failing save
+    pub = Publisher(cfg.kafka, client_id="test-poison")
+    try:  # and a tombstone on the incidents topic, which every detector reads back
+        pub.publish([Message(topic, b"job-z", v) for v in bad] + [Message(cfg.kafka.incidents_topic, b"gone", None)])
+    finally:
+        pub.close()
+    (tmp_path / "logs" / "job-a").mkdir(parents=True)
+    for name, text in failing_save("job-a").items():
+        (tmp_path / "logs" / "job-a" / name).write_text(text)
+    collector = Collector(cfg, rules=RuleSet.load(), template=compile_template("{job}/rank{rank}.log"))
+    collector.step(final=True)
+    collector.close()
+
+    metrics, notes = Metrics(), []
+    member = DetectorMember(cfg, on_message=notes.append, poll_timeout=0.2, metrics=metrics)  # raised before
+    try:
+        deadline = time.monotonic() + 60
+        while not (member.joined and member.stats.events >= 9):
+            member.step()
+            assert time.monotonic() < deadline, f"the detector stopped at {member.stats}"
+        member.finish()
+    finally:
+        member.close()
+    assert member.stats.events == 9 and member.stats.bad_messages == len(bad)  # 8 of job-a, 1 of the mixed batch
+    published = [codec.decode_incident(m.value) for m in topic_messages(kafka_bootstrap, cfg.kafka.incidents_topic)
+                 if m.value is not None]
+    assert [(i.job, i.kind, i.step) for i in published] == [("job-a", "storage_failure_during_save", 30)]
+    for offset, (shape, (_, words)) in enumerate(SHAPES.items()):
+        assert [n for n in notes if n.startswith(f"{topic} partition 0 offset {offset}: skipped: ") and words in n], shape
+    assert f"{topic} partition 0 offset 9: skipped: 2 of 3 event(s) rejected; event 1 " in "\n".join(notes)
+
+    httpserver.expect_request("/hook").respond_with_data("ok")
+    store = Store(cfg.sink.db)
+    alerter = alerter_from_config(AlertSettings(channels={"hook": {"type": "webhook", "url": httpserver.url_for("/hook")}}),
+                                  store, db_path=cfg.sink.db)
+    said: list[str] = []
+    sink = SinkMember(cfg, store, alerter=alerter, poll_timeout=0.2, on_message=said.append, metrics=metrics)
+    try:
+        deadline = time.monotonic() + 60
+        while not sent(httpserver, "/hook"):
+            sink.step()
+            assert time.monotonic() < deadline, f"nothing paged: {sink.stats}"
+        stored = sorted(store.con.execute('SELECT source_id, "offset" FROM events').fetchall())
+        incidents = store.con.execute("SELECT job, kind, step FROM incidents").fetchall()
+    finally:
+        sink.close()
+        store.close()
+    assert len(stored) == 9 and ("src-z", 1) in stored and not any(o in (2, 3) for s, o in stored if s == "src-z")
+    assert incidents == [("job-a", "storage_failure_during_save", 30)]
+    assert [(p["action"], p["incident"]["job"]) for p in sent(httpserver, "/hook")] == [("trigger", "job-a")]
+    assert sink.stats.bad_messages == len(bad) + 1
+    dlq = dead_letter_topic(cfg.kafka)
+    assert f"{cfg.kafka.incidents_topic} partition 0 offset 0: skipped: a tombstone (no value), not an incident; " \
+           f"kept in {dlq}" in said
+    assert all(n.endswith(f"; kept in {dlq}") for n in said if "skipped" in n)
+    assert 'ckptwatch_records_skipped_total{reason="bad_message"} 21.0' in metrics.exposition()  # 10 + 11
+
+    kept = topic_messages(kafka_bootstrap, dlq)
+    headers = [dict(m.headers) for m in kept]
+    where = sorted((h[dead_letters.TOPIC_HEADER].decode(), int(h[dead_letters.OFFSET_HEADER])) for h in headers)
+    assert where == sorted([(topic, o) for o in range(10)] + [(cfg.kafka.incidents_topic, 0)])
+    by_offset = {int(dict(m.headers)[dead_letters.OFFSET_HEADER]): m for m in kept
+                 if dict(m.headers)[dead_letters.TOPIC_HEADER] == topic.encode()}
+    assert by_offset[0].value is None and by_offset[1].value == b"" and by_offset[9].value == mixed
+    assert b"field offset: missing" in dict(by_offset[4].headers)[dead_letters.ERROR_HEADER]
+    assert {h[dead_letters.GROUP_HEADER] for h in headers} == {cfg.sink.group.encode()}
