@@ -10,7 +10,9 @@ held-back split is checked for form only: its content is read by nobody who writ
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
+import multiprocessing
 from pathlib import Path
 
 import pytest
@@ -74,9 +76,19 @@ def test_held_back_cases_are_stored_out_of_a_readers_way():
             assert not (c.case.logs.parent / "expected.json").exists(), c.case.name
 
 
+def _incidents(logs: str) -> list[dict]:
+    """``diagnose --json``'s incidents of one case (in a worker process)."""
+    return [i.to_dict() for i in diagnose([logs])[0]]
+
+
 @pytest.fixture(scope="module")
 def dev_scores():
-    return [(c, score(c.case, [i.to_dict() for i in diagnose([str(c.case.logs)])[0]])) for c in DEV]
+    """Each dev case diagnosed on its own, two at a time (the cases are independent; the
+    suite's time budget is tight on two cores)."""
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(2, mp_context=ctx) as pool:
+        found = list(pool.map(_incidents, [str(c.case.logs) for c in DEV], chunksize=4))
+    return [(c, score(c.case, incs)) for c, incs in zip(DEV, found, strict=True)]
 
 
 def test_dev_figures_stay_above_their_floor(dev_scores):
