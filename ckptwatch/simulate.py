@@ -16,7 +16,8 @@ leaves on disk, in the exact formats of the bundled real runs (``examples/corpus
   ``successfully saved checkpoint from iteration N …`` around each save, NCCL INFO chatter;
 * per host, ``kernel/<host>.log``: syslog-style kernel lines (the OOM killer's).
 
-Each host's clock is skewed by up to ``skew_ms``. A share ``failures`` of the jobs gets one
+Each host's clock is off by up to ``skew_ms`` either way (drawn per host: two hosts of a job
+may be up to twice that apart); ``truth.json`` records each host's offset. A share ``failures`` of the jobs gets one
 injected failure in a save (never the first, so a good checkpoint exists), of one of
 :data:`FAILURES`; the other ranks of the victim's node are SIGTERMed by their agent, and the
 other nodes' ranks hit the NCCL watchdog 10 minutes later (collateral). ``truth.json``
@@ -44,6 +45,8 @@ FAILURES = {
     "oom": ("interrupted_save", "oom_kill"),
     "enospc": ("storage_failure_during_save", "storage_error"),
 }
+#: the largest clock skew a spec may ask for, in milliseconds (a day)
+MAX_SKEW_MS = 86_400_000
 #: the path template of ``layout="rank-files"``
 RANK_FILES_TEMPLATE = "{job}/{host}/rank{rank}.log"
 _ITER = ("[{ts}] [INFO] [rank{rank}]  iteration {step:8d}/{total:8d} | consumed samples: {samples:12d} | "
@@ -65,7 +68,8 @@ class FleetSpec:
     ranks, ``steps`` iterations each (one a second) with a save every ``save_every``;
     ``failures``: the share of jobs (0..1) with an injected failure, drawn from ``kinds``
     (names of :data:`FAILURES`); ``layout``: ``console`` or ``rank-files``; ``start``: the
-    first job's start (UTC); jobs start ``stagger_s`` seconds apart."""
+    first job's start (UTC); jobs start ``stagger_s`` seconds apart; ``skew_ms``: each
+    host's clock is off by up to this many milliseconds either way (0 to a day)."""
 
     jobs: int = 8
     nodes_per_job: int = 2
@@ -91,6 +95,8 @@ class FleetSpec:
                              "iterations (the first save is never the failing one: a good checkpoint exists)")
         if self.seed < 0:
             raise ValueError(f"seed must be 0 or more, not {self.seed}")
+        if not 0 <= self.skew_ms <= MAX_SKEW_MS:
+            raise ValueError(f"skew_ms must be between 0 and {MAX_SKEW_MS} (a day), not {self.skew_ms}")
         if not 0.0 <= self.failures <= 1.0:
             raise ValueError(f"failures must be a share between 0 and 1, not {self.failures}")
         if unknown := [k for k in self.kinds if k not in FAILURES]:
@@ -106,6 +112,8 @@ class _Failure:
     rank: int
     #: event time (ISO 8601, UTC, as the victim's host clock writes it) of its first line
     at: str | None = None
+    #: the victim's host (its clock's offset is the job's ``skew_ms[host]``)
+    host: str | None = None
 
 
 def check_out(out: Path) -> None:
@@ -119,9 +127,11 @@ def generate(out: Path, spec: FleetSpec, *, collect: list[tuple[dt.datetime, Pat
              ) -> dict[str, Any]:
     """Write the fleet's logs under ``out/logs`` and ``out/truth.json``; returns the truth
     (``{"spec", "template", "files", "lines", "jobs": {job: {"incidents", "must_not",
-    "failure"}}}``; a failure's ``at`` is the event time of its first line). With
-    ``collect``, the lines are appended to it as ``(event time, file, text)`` instead of
-    written (:mod:`ckptwatch.simulate_live` writes them at a rate). Raises ValueError for a
+    "failure", "skew_ms"}}}``; a failure's ``at`` is the event time of its first line, as
+    its host's clock writes it; ``skew_ms`` maps each host of the job to its clock's offset in
+    ms). With ``collect``, the lines are appended to it as ``(true time, file, text)``
+    instead of written, the true time being when the line was written (its event time less
+    its host's offset: :mod:`ckptwatch.simulate_live` writes them in that order, at a rate). Raises ValueError for a
     bad spec (see :meth:`FleetSpec.check`) or an ``out`` whose ``logs/`` already holds files
     (two fleets would mix)."""
     spec.check()
@@ -143,19 +153,32 @@ def generate(out: Path, spec: FleetSpec, *, collect: list[tuple[dt.datetime, Pat
         written = _write_job(logs, job, t0, spec, failure, rnd, collect)
         files += written[0]
         lines += written[1]
+        skews = written[2]
         incidents = []
         if failure is not None:
             kind, cls = FAILURES[failure.kind]
             incidents.append({"kind": kind, "step": failure.step, "root_cause_class": cls,
                               "root_rank": failure.rank})
         jobs[job] = {"incidents": incidents, "must_not": sorted(SAVE_KINDS - {i["kind"] for i in incidents}),
-                     "failure": dataclasses.asdict(failure) if failure else None}
+                     "failure": dataclasses.asdict(failure) if failure else None,
+                     "skew_ms": skews}
     truth = {"spec": {k: (v.isoformat() if isinstance(v, dt.datetime) else v)
                       for k, v in dataclasses.asdict(spec).items()},
              "template": RANK_FILES_TEMPLATE if spec.layout == "rank-files" else None,
              "files": files, "lines": lines, "jobs": jobs}
     (out / "truth.json").write_text(json.dumps(truth, indent=1) + "\n")
     return truth
+
+
+def failure_written(job: dict[str, Any]) -> dt.datetime | None:
+    """When the injected failure of ``job`` (a job of the truth :func:`generate` returns) had
+    its first line written (UTC, true time: its ``at`` less its host's clock offset); None
+    for a job without one."""
+    failure = job.get("failure")
+    if not failure or not failure.get("at"):
+        return None
+    offset = job.get("skew_ms", {}).get(failure.get("host"), 0)
+    return dt.datetime.fromisoformat(failure["at"]) - dt.timedelta(milliseconds=offset)
 
 
 Lines = list[tuple[dt.datetime, str]]
@@ -178,8 +201,8 @@ class _Job:
 
 
 def _write_job(logs: Path, job: str, t0: dt.datetime, spec: FleetSpec, failure: _Failure | None,
-               rnd: random.Random, collect: list | None = None) -> tuple[int, int]:
-    """One job's files; returns (files, lines) written."""
+               rnd: random.Random, collect: list | None = None) -> tuple[int, int, dict[str, int]]:
+    """One job's files; returns (files, lines) written and each host's clock offset (ms)."""
     rpn, nodes = spec.ranks_per_node, spec.nodes_per_job
     world = rpn * nodes
     ckpt = f"/lustre/ckpt/{job}"
@@ -224,7 +247,8 @@ def _write_job(logs: Path, job: str, t0: dt.datetime, spec: FleetSpec, failure: 
             agent[n].append((done, _glog(done, agent_pid[n], "I", "torch/distributed/elastic/agent/server/api.py:879",
                                          "[default] worker group successfully finished. Waiting 300 seconds for "
                                          "other agents to finish.")))
-    return _write_files(logs, job, hosts, spec, agent, worker, it.kernel, collect)
+    files, lines = _write_files(logs, job, hosts, spec, agent, worker, it.kernel, skew, collect)
+    return files, lines, {host: round(off / dt.timedelta(milliseconds=1)) for host, off in zip(hosts, skew)}
 
 
 def _inject(failure: _Failure, t_save: dt.datetime, it: _Job, spec: FleetSpec, rnd: random.Random) -> None:
@@ -238,6 +262,7 @@ def _inject(failure: _Failure, t_save: dt.datetime, it: _Job, spec: FleetSpec, r
     hit = t_save + dt.timedelta(seconds=rnd.uniform(1.0, 2.5))
     local = skew[vn]
     failure.at = (hit + local).isoformat()
+    failure.host = hosts[vn]
     exitcode = 1 if failure.kind == "enospc" else -9
     if failure.kind == "enospc":
         w = hit + local
@@ -352,8 +377,10 @@ def _ms(t: dt.datetime) -> str:
 
 def _write_files(logs: Path, job: str, hosts: list[str], spec: FleetSpec,
                  agent: list[list[tuple[dt.datetime, str]]], worker: list[list[tuple[dt.datetime, str]]],
-                 kernel: list[list[tuple[dt.datetime, str]]], collect: list | None = None) -> tuple[int, int]:
-    """Write one job's files in time order (or add their lines to ``collect``); returns (files, lines)."""
+                 kernel: list[list[tuple[dt.datetime, str]]], skew: list[dt.timedelta],
+                 collect: list | None = None) -> tuple[int, int]:
+    """Write one job's files in time order (or add their lines to ``collect`` with their true
+    time: event time less the host's ``skew``); returns (files, lines)."""
     rpn = spec.ranks_per_node
     files = lines = 0
     for n, host in enumerate(hosts):
@@ -365,22 +392,23 @@ def _write_files(logs: Path, job: str, hosts: list[str], spec: FleetSpec,
             if spec.layout == "console":
                 console += [(t, f"[default{r % rpn}]:{text}") for t, text in worker[r]]
             else:
-                lines += _write(d / f"rank{r}.log", worker[r], collect)
+                lines += _write(d / f"rank{r}.log", worker[r], collect, skew[n])
                 files += 1
-        lines += _write(d / "console.log", console, collect)
+        lines += _write(d / "console.log", console, collect, skew[n])
         files += 1
         if kernel[n]:
             if collect is None:
                 (logs / "kernel").mkdir(exist_ok=True)
-            lines += _write(logs / "kernel" / f"{host}.log", kernel[n], collect)
+            lines += _write(logs / "kernel" / f"{host}.log", kernel[n], collect, skew[n])
             files += 1
     return files, lines
 
 
-def _write(path: Path, rows: Iterable[tuple[dt.datetime, str]], collect: list | None = None) -> int:
+def _write(path: Path, rows: Iterable[tuple[dt.datetime, str]], collect: list | None = None,
+           skew: dt.timedelta = dt.timedelta(0)) -> int:
     ordered = sorted(rows, key=lambda row: row[0])  # stable: a record's lines stay together
     if collect is not None:
-        collect += [(t, path, text) for t, text in ordered]
+        collect += [(t - skew, path, text) for t, text in ordered]  # the true time: when it was written
     else:
         path.write_text("".join(text + "\n" for _, text in ordered))
     return len(ordered)

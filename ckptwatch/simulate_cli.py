@@ -2,7 +2,7 @@
 
     ckptwatch simulate OUT [--jobs 8] [--nodes 2] [--ranks 8] [--steps 120] [--save-every 40]
                            [--failures 0.5] [--kind sigkill --kind oom ...] [--layout console|rank-files]
-                           [--seed 1]
+                           [--seed 1] [--skew-ms 500]
     ckptwatch simulate OUT --kafka HOST:PORT [--rate EVENTS_PER_S]   # its events straight to the events topic
     ckptwatch simulate OUT --score DIAGNOSIS.json   # diagnose --json output scored against OUT/truth.json
 
@@ -50,7 +50,11 @@ def simulate_cmd(
     layout: Annotated[str, typer.Option("--layout", help="console: one torchrun --tee console per node; "
                                                          "rank-files: a file per rank beside it.")] = "console",
     seed: Annotated[int, typer.Option("--seed", help="Same seed, same fleet.")] = 1,
-    rate: Annotated[float | None, typer.Option("--rate", help="Write live: append the lines in event-time order "
+    skew_ms: Annotated[int, typer.Option("--skew-ms", help="Each host's clock is off by up to this many ms either "
+                                                          "way (drawn per host, recorded in truth.json): two "
+                                                          "hosts of a job up to twice that apart.")] = 500,
+    rate: Annotated[float | None, typer.Option("--rate", help="Write live: append the lines in the order they "
+                                                            "were written (not by their hosts' skewed stamps) "
                                                             "at this many lines/s in total (and write "
                                                             "OUT/live.json), instead of all at once. With "
                                                             "--kafka: events/s published.")] = None,
@@ -71,7 +75,7 @@ def simulate_cmd(
     if score_file is not None:
         raise typer.Exit(_score(out / "truth.json", score_file))
     spec = FleetSpec(jobs=jobs, nodes_per_job=nodes, ranks_per_node=ranks, steps=steps, save_every=save_every,
-                     failures=failures, kinds=tuple(kind or FAILURES), layout=layout, seed=seed)
+                     failures=failures, kinds=tuple(kind or FAILURES), layout=layout, seed=seed, skew_ms=skew_ms)
     cfg = _kafka_config(kafka, config, partitions)
     try:
         spec.check()

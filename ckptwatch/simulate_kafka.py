@@ -5,7 +5,9 @@ detectors, sinks, alerts; and a way to time a failure's first event to its incid
 :func:`publish_fleet` generates the fleet (:func:`ckptwatch.simulate.generate`: the same
 logs, ``truth.json``), reads its files once as a collector's ``--once`` would
 (:class:`~ckptwatch.ingest.watcher.SourceWatcher`, the packaged rules) before the clock
-starts, then publishes the events in event-time order at ``rate`` events per second (each
+starts, then publishes the events in the order their lines were written (each one's event
+time less its host's clock offset: collectors publish a line when it is written, whatever
+its host's clock stamps on it) at ``rate`` events per second (each
 publish sends every event due by then and waits for the broker's acknowledgement), in the
 collectors' messages (keyed by job, host events copied to every partition:
 :func:`ckptwatch.services.collect.event_messages`). Each message carries floors (the lowest offset of its
@@ -34,7 +36,7 @@ from ckptwatch.kafka.producer import Publisher
 from ckptwatch.pipeline import extract_events
 from ckptwatch.rules import RuleSet
 from ckptwatch.services.collect import event_messages
-from ckptwatch.simulate import FleetSpec, check_out, generate
+from ckptwatch.simulate import FleetSpec, check_out, failure_written, generate
 
 #: seconds at most between two publishes while waiting for events to be due
 TICK_S = 0.05
@@ -42,11 +44,15 @@ TICK_S = 0.05
 MAX_PUBLISH = 50_000
 
 
-def fleet_events(logs: Path, template: re.Pattern[str] | None, rules: RuleSet) -> tuple[pl.DataFrame, Stats]:
+def fleet_events(logs: Path, template: re.Pattern[str] | None, rules: RuleSet,
+                 truth: Mapping[str, Any] | None = None) -> tuple[pl.DataFrame, Stats]:
     """The events (EVENT_SCHEMA) of every file under ``logs``, read to their ends as
     ``collect --once`` reads them, sorted by event time (events without one last, each
-    file's own order kept), and the reading's stats. Raises OSError if ``logs`` cannot be
-    listed."""
+    file's own order kept), and the reading's stats. With ``truth`` (what
+    :func:`~ckptwatch.simulate.generate` returned for the fleet under ``logs``), sorted
+    instead by when each line was written, in an added column ``written`` (UTC: its event
+    time less its host's clock offset, the truth's ``skew_ms``): the order the fleet's
+    collectors would publish them in. Raises OSError if ``logs`` cannot be listed."""
     watcher = SourceWatcher([str(logs)], template=template)
     frames = []
     try:
@@ -56,12 +62,30 @@ def fleet_events(logs: Path, template: re.Pattern[str] | None, rules: RuleSet) -
                 frames.append(extract_events(rules, records, watcher.stats))
             if not watcher.backlog:
                 break
+        paths = {c.source_id: c.path for c in watcher.checkpoints()}
     finally:
         watcher.close()
     events = pl.concat(frames) if frames else pl.DataFrame()
-    if not events.is_empty():
-        events = events.sort("ts", nulls_last=True, maintain_order=True)
-    return events, watcher.stats
+    if events.is_empty():
+        return events, watcher.stats
+    if truth is None:
+        return events.sort("ts", nulls_last=True, maintain_order=True), watcher.stats
+    offsets = {host: ms for job in truth["jobs"].values() for host, ms in job.get("skew_ms", {}).items()}
+    by_source = pl.DataFrame({"source_id": list(paths), "_skew": [offsets.get(_host_of(Path(p), logs), 0)
+                                                                  for p in paths.values()]},
+                             schema={"source_id": pl.Utf8, "_skew": pl.Int64})
+    events = (events.join(by_source, on="source_id", how="left", maintain_order="left")
+              .with_columns(written=pl.col("ts") - pl.duration(milliseconds=pl.col("_skew").fill_null(0)))
+              .drop("_skew"))
+    return events.sort("written", nulls_last=True, maintain_order=True), watcher.stats
+
+
+def _host_of(path: Path, logs: Path) -> str:
+    """The host a file of a simulated fleet is of: ``<job>/<host>/...`` or ``kernel/<host>.log``."""
+    rel = path.relative_to(logs) if path.is_relative_to(logs) else path
+    if rel.parts[0] == "kernel":
+        return rel.name.split(".log")[0]
+    return rel.parts[1] if len(rel.parts) > 2 else ""
 
 
 def floors_from(events: pl.DataFrame) -> pl.Series:
@@ -71,15 +95,17 @@ def floors_from(events: pl.DataFrame) -> pl.Series:
     return events.select(pl.col("offset").reverse().cum_min().reverse().over("source_id"))["offset"]
 
 
-def initiating_rows(events: pl.DataFrame, failed_at: Mapping[str, dt.datetime]) -> dict[int, str]:
+def initiating_rows(events: pl.DataFrame, failed_at: Mapping[str, dt.datetime], *, time: str = "ts"
+                    ) -> dict[int, str]:
     """Row index in ``events`` (send order) -> job, of each job's first event at or after
-    its failure's time ``failed_at[job]`` (UTC)."""
+    its failure's time ``failed_at[job]`` (UTC), by column ``time`` (``written``: when the
+    lines were written, :func:`fleet_events`)."""
     if not failed_at or events.is_empty():
         return {}
     first = (events.with_row_index("_i").filter(pl.col("job").is_in(list(failed_at)))  # indexes of the whole frame
              .join(pl.DataFrame({"job": list(failed_at), "_at": list(failed_at.values())},
-                                schema={"job": pl.Utf8, "_at": events["ts"].dtype}), on="job")
-             .filter(pl.col("ts") >= pl.col("_at")).group_by("job").agg(pl.col("_i").min()))
+                                schema={"job": pl.Utf8, "_at": events[time].dtype}), on="job")
+             .filter(pl.col(time) >= pl.col("_at")).group_by("job").agg(pl.col("_i").min()))
     return dict(zip(first["_i"].to_list(), first["job"].to_list(), strict=True))
 
 
@@ -105,11 +131,13 @@ def publish_fleet(out: Path, spec: FleetSpec, config: Config, *, rate: float | N
     check_out(out)
     ensure_topics(config.kafka, on_wait=on_wait)  # before the fleet is made: no broker, no files
     truth = generate(out, spec)
-    events, _ = fleet_events(out / "logs", template, rules or RuleSet.load())
+    events, _ = fleet_events(out / "logs", template, rules or RuleSet.load(), truth)
     floors = floors_from(events) if not events.is_empty() else pl.Series("offset", [], pl.Int64)
-    # each injected failure's first event: the first event of its job at or after the failure's time
-    initiating = initiating_rows(events, {job: dt.datetime.fromisoformat(j["failure"]["at"])
-                                          for job, j in truth["jobs"].items() if j["failure"] and j["failure"].get("at")})
+    # each injected failure's first event: the first event of its job written at or after the failure's first line
+    initiating = initiating_rows(events, {job: at for job, j in truth["jobs"].items()
+                                          if (at := failure_written(j)) is not None}, time="written")
+    if "written" in events.columns:
+        events = events.drop("written")
     topic = config.kafka.events_topic
     publisher = Publisher(config.kafka, client_id="ckptwatch-simulate", on_wait=on_wait,
                           compress=config.kafka.events_format != "arrow")

@@ -1,14 +1,18 @@
-"""A simulated fleet written live: its lines appended to their files in event-time order at
-a given rate, with rotation, for load tests and for measuring how long the pipeline takes
-from a failure's first line to its incident.
+"""A simulated fleet written live: its lines appended to their files in the order they were
+written (true time, whatever each host's clock stamps on them) at a given rate, with
+rotation, for load tests and for measuring how long the pipeline takes from a failure's
+first line to its incident.
 
 :func:`write_live` generates the fleet (:func:`ckptwatch.simulate.generate`, same seed same
 lines) and appends every line to its file under ``out/logs`` at ``rate`` lines per second
 in total, in ticks of :data:`TICK_S`, each file flushed at the end of a tick (what a
-process writing through a line-buffered stream does). A file past ``rotate_bytes`` is
-rotated the way logrotate's default does: renamed to ``<file>.1`` (the previous ``.1``
-dropped) and started anew. ``out/live.json`` records, per job with an injected failure,
-the wall time (UTC) its first failure line was written.
+process writing through a line-buffered stream does). Lines go out in true-time order:
+the hosts of a job save together, so a host whose clock is a minute ahead writes lines
+stamped a minute later at the same moment as the others (appending in stamp order instead
+would hold its lines back a minute, a lag no real fleet has). A file past
+``rotate_bytes`` is rotated the way logrotate's default does: renamed to ``<file>.1`` (the
+previous ``.1`` dropped) and started anew. ``out/live.json`` records, per job with an
+injected failure, the wall time (UTC) its first failure line was written.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from ckptwatch.simulate import FleetSpec, generate
+from ckptwatch.simulate import FleetSpec, failure_written, generate
 
 #: seconds between two flushes of the lines written
 TICK_S = 0.05
@@ -39,12 +43,13 @@ def write_live(out: Path, spec: FleetSpec, *, rate: float, rotate_bytes: int | N
     """
     if not rate > 0:
         raise ValueError(f"rate must be more than 0 lines/s, not {rate}")
-    rows: list[tuple[dt.datetime, Path, str]] = []
+    rows: list[tuple[dt.datetime, Path, str]] = []  # (true time, file, text)
     truth = generate(out, spec, collect=rows)
-    rows.sort(key=lambda r: r[0])  # stable: each file's own order stays
-    # the failure's first line, per file of the job: the first row of the job at or after it
-    pending = {job: dt.datetime.fromisoformat(j["failure"]["at"]) for job, j in truth["jobs"].items()
-               if j["failure"] and j["failure"].get("at")}
+    # stable: each file's own order stays (a file is one host's: its lines' true times are
+    # their stamps less one offset)
+    rows.sort(key=lambda r: r[0])
+    # the failure's first line: the first row of the job written at or after it (true time)
+    pending = {job: at for job, j in truth["jobs"].items() if (at := failure_written(j)) is not None}
     logs = out / "logs"
     initiated: dict[str, str] = {}
     handles: dict[Path, TextIO] = {}

@@ -381,7 +381,7 @@ class JobState:
     #: save lines read in several files (console and rank file): dedup key -> {source_id: offset}
     copies: dict[str, dict[str, int]] = field(default_factory=dict)
     #: per source (file) of the job: (its newest event time, wall time its last event arrived), UTC,
-    #: for the low watermark (:meth:`watermark` with ``source_idle``)
+    #: for the low watermark (:meth:`watermark` with ``source_idle``) and its hosts' own clocks (:meth:`clock_of`)
     sources: dict[str, tuple[dt.datetime, dt.datetime]] = field(default_factory=dict)
     #: saves let go (:mod:`.retire`) by step; a save line of that step no newer than the
     #: newest of its lines is a copy read late and is dropped. They still end failure windows
@@ -763,6 +763,28 @@ class JobState:
         zero = dt.timedelta(0)
         holds = [ts + max(now - at, zero) - lateness for ts, at in self.sources.values() if now - at < idle]
         return min([wm, *holds])
+
+    def clock_of(self, source_ids: Iterable[str], lateness: dt.timedelta, now: dt.datetime | None, *,
+                 source_idle: float | None = None) -> dt.datetime | None:
+        """The clock of some of the job's files (``source_ids``): the newest event time any of
+        them has shown, moved on by the wall time (``now``, UTC) since its last event arrived,
+        less ``lateness`` (UTC): how far those files' own host has been read, by its own
+        clock (:mod:`~ckptwatch.detectors.own_clock`). A file silent ``source_idle`` seconds
+        or more counts for nothing, as in :meth:`watermark`. None when no file counts."""
+        zero = dt.timedelta(0)
+        idle = dt.timedelta(seconds=source_idle) if source_idle is not None else None
+        best: dt.datetime | None = None
+        for sid in source_ids:
+            known = self.sources.get(sid)
+            if known is None:
+                continue
+            ts, at = known
+            quiet = max(now - at, zero) if now is not None else zero
+            if idle is not None and now is not None and quiet >= idle:
+                continue
+            if best is None or ts + quiet > best:
+                best = ts + quiet
+        return None if best is None else best - lateness
 
     def hosts(self) -> set[str]:
         return set(self.rank_host.values())

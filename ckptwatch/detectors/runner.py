@@ -6,7 +6,9 @@ minus ``allowed_lateness``; when none of its events arrives, it moves on with wa
 (``now`` passed to :meth:`Detector.advance`), so a save on a source that went silent is
 still concluded. A job's watermark never depends on another job's lines, so one host
 clock far ahead or one future-dated line concludes nothing outside its own job; event
-times more than :data:`MAX_AHEAD` past the wall clock do not move any watermark.
+times more than :data:`MAX_AHEAD` past the wall clock do not move any watermark. Within a
+job, hosts' clocks differ: a rank missing from a save is judged late by its own host's clock
+(:mod:`.own_clock`), not only by the job's watermark.
 Every incident is a function of the events alone, so re-running over the same events
 (after a restart, or in another process) yields the same incidents with the same ids.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -338,8 +341,9 @@ class Detector:
             events = state.events_sorted()
             saves = saves_of(state, events)
             registry_changed |= self._record_saves(job, state, saves)
+            clock = functools.partial(state.clock_of, lateness=lateness, now=now, source_idle=self.config.source_idle)
             found = save_incidents.evaluate(state, self._host_events_for(state, events), wm, final=final,
-                                            windows=self.config.windows, saves=saves, events=events)
+                                            windows=self.config.windows, saves=saves, events=events, clock=clock)
             for inc in found:
                 registry_changed |= self.registry.record_incident(inc)
             for inc in integrity_incidents.evaluate(state, self.registry) if state.integrity else ():

@@ -15,7 +15,11 @@ For each save of a job (see :mod:`.saves`) that is not complete:
   stored and shown, not paged, as other ranks' lines or a kernel OOM line may still
   arrive and name another root cause;
 * with no failure, if the ranks that did not finish went on without it while others
-  finished (or a rank reported a save error), it is a **partial checkpoint**;
+  finished (or a rank reported a save error), it is a **partial checkpoint**: once the
+  watermark is ``settle`` past its first start and a rank that did not finish is late by
+  its own host's clock (:mod:`.own_clock`: hosts' clocks differ, and one ahead by as much
+  as its lines are read behind looks current to the job's watermark), or at the latest
+  once the watermark is ``stall_after`` past its start;
 * with no failure and no conclusion, once the watermark is ``stall_after`` past its
   start it is **stalled**.
 
@@ -36,7 +40,7 @@ import bisect
 import datetime as dt
 from dataclasses import dataclass
 
-from ckptwatch.detectors import remediation
+from ckptwatch.detectors import own_clock, remediation
 from ckptwatch.detectors.cause import attribute
 from ckptwatch.detectors.events import FAILURE_KINDS, Ev
 from ckptwatch.detectors.incident import Incident
@@ -109,11 +113,14 @@ def evaluate(
     windows: SaveWindows = SaveWindows(),
     saves: dict[int, SaveState] | None = None,
     events: list[Ev] | None = None,
+    clock: own_clock.Clock | None = None,
 ) -> list[Incident]:
     """Incidents of the job's saves as of ``watermark`` (UTC). ``host_events`` are kernel /
     storage events of the job's hosts (already joined by host or pid); ``events`` (the
     job's events in time order) and ``saves`` (their :func:`saves_of`), when the caller has
-    them already."""
+    them already. ``clock``: the clock of a set of the job's files (:meth:`JobState.clock_of
+    <ckptwatch.detectors.jobstate.JobState.clock_of>`), by which a rank missing from a save
+    is judged late (:mod:`.own_clock`); None: by ``watermark`` alone."""
     events = events if events is not None else state.events_sorted()
     saves = saves if saves is not None else saves_of(state, events)
     job_failures = [e for e in events if e.kind in FAILURE_KINDS]
@@ -139,6 +146,7 @@ def evaluate(
         last_good = _last_good(saves, state.retired, complete_steps, step)
         deaths = [e for e in failures if e.kind not in ("save_error", "job_failed")]
         settle = dt.timedelta(seconds=windows.settle)
+        stall = dt.timedelta(seconds=windows.stall_after)
         if deaths or any(e.kind == "job_failed" for e in failures):
             launcher_said = any(e.kind == "job_failed" for e in failures)
             settled = (final or watermark >= failures[-1].ts + settle
@@ -156,11 +164,14 @@ def evaluate(
         elif s.failed or (s.missing and s.done_ranks and _went_on(state, s)):
             if not (final or watermark >= s.first_ts + settle):
                 continue
+            if not (final or s.failed or clock is None or watermark - s.first_ts >= stall
+                    or own_clock.any_overdue(state, s, saves, clock, settle)):
+                continue  # each rank not finished is behind on its own host's clock: its lines may be on their way
             att = attribute(list(s.failed.values()), state, s.expected)
             root = att.root if att else None
             out.append(_incident("partial_checkpoint", state, s, root, att.collateral if att else [], last_good,
                                  save_items, s.first_ts))
-        elif watermark - s.first_ts >= dt.timedelta(seconds=windows.stall_after):
+        elif watermark - s.first_ts >= stall:
             out.append(_incident("stalled_save", state, s, None, [], last_good, save_items, s.first_ts))
         again = any(x.step == step and x.complete and x.first_ts and x.first_ts > s.first_ts for x in saves.values())
         if step == UNKNOWN_STEP:  # of no known step: resolved only by a save that came after it
