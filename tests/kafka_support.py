@@ -243,3 +243,20 @@ def fleet_equals_embedded(bootstrap: str, logs: Path, tmp: Path, *, partitions: 
     assert len(fleet["event_keys"]) == collector.published > 0
     assert detector.stats.bad_messages == sink.stats.bad_messages == 0
     return [{"kind": r[1], "step": r[5], "root_cause": {"class": r[7], "rank": r[8]}} for r in fleet["incidents"]]
+
+
+def failing_save(job: str) -> dict[str, str]:
+    """Two rank files of ``job``: a complete save, then rank 1 fails the next one with ENOSPC
+    (8 events; rank file name -> text)."""
+    t = "2026-11-30T08:0"
+    out = {}
+    for r in (0, 1):
+        lines = [f"{t}0:00.00{r}000Z ckptwatch event=save_start step=10 rank={r} world_size=2 path=/ckpt/{job}/step_10",
+                 f"{t}0:02.00{r}000Z ckptwatch event=save_end step=10 rank={r} world_size=2 files=2 bytes=4096 "
+                 f"path=/ckpt/{job}/step_10",
+                 f"{t}3:20.00{r}000Z ckptwatch event=save_start step=30 rank={r} world_size=2 path=/ckpt/{job}/step_30"]
+        lines.append(f"{t}3:21.000000Z ERROR OSError: [Errno 28] No space left on device: '/ckpt/{job}/step_30/x.pt'"
+                     if r else f"{t}3:22.000000Z ckptwatch event=save_end step=30 rank=0 world_size=2 files=2 "
+                               f"bytes=4096 path=/ckpt/{job}/step_30")
+        out[f"rank{r}.log"] = "\n".join(lines) + "\n"
+    return out

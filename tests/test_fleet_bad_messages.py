@@ -21,7 +21,7 @@ import pytest
 from alert_support import sent
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kafka_support import fresh_config, topic_messages
+from kafka_support import failing_save, fresh_config, topic_messages
 
 from ckptwatch.config import AlertSettings
 from ckptwatch.detectors.incident import Incident
@@ -144,22 +144,6 @@ def test_an_incident_or_save_fact_message_is_checked_field_by_field():
     with pytest.raises(codec.DecodeError, match="tombstone"):
         codec.decode_save_fact(None)
     assert isinstance(codec.decode_incident(codec.encode_incident(Incident.from_dict(good))), Incident)
-
-
-def failing_save(job: str) -> dict[str, str]:
-    """Two rank files: a complete save, then rank 1 fails the next one with ENOSPC (8 events)."""
-    t = "2026-11-30T08:0"
-    out = {}
-    for r in (0, 1):
-        lines = [f"{t}0:00.00{r}000Z ckptwatch event=save_start step=10 rank={r} world_size=2 path=/ckpt/{job}/step_10",
-                 f"{t}0:02.00{r}000Z ckptwatch event=save_end step=10 rank={r} world_size=2 files=2 bytes=4096 "
-                 f"path=/ckpt/{job}/step_10",
-                 f"{t}3:20.00{r}000Z ckptwatch event=save_start step=30 rank={r} world_size=2 path=/ckpt/{job}/step_30"]
-        lines.append(f"{t}3:21.000000Z ERROR OSError: [Errno 28] No space left on device: '/ckpt/{job}/step_30/x.pt'"
-                     if r else f"{t}3:22.000000Z ckptwatch event=save_end step=30 rank=0 world_size=2 files=2 "
-                               f"bytes=4096 path=/ckpt/{job}/step_30")
-        out[f"rank{r}.log"] = "\n".join(lines) + "\n"
-    return out
 
 
 def test_detector_and_sink_skip_count_report_and_keep_every_bad_shape_and_page_what_follows(

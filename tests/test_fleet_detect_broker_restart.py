@@ -11,7 +11,7 @@ import dataclasses
 import time
 
 import pytest
-from kafka_support import assert_no_version_twice, fresh_config, topic_messages
+from kafka_support import assert_no_version_twice, failing_save, fresh_config, topic_messages
 
 from ckptwatch.ingest.layout import compile_template
 from ckptwatch.kafka.codec import decode_incident
@@ -20,22 +20,6 @@ from ckptwatch.services.collect import Collector
 from ckptwatch.services.detect import DetectorMember
 
 pytestmark = pytest.mark.kafka
-
-
-def failing_save(job: str) -> dict[str, str]:
-    """Two rank files: a complete save, then rank 1 fails the next one with ENOSPC."""
-    t = "2026-11-30T08:0"
-    out = {}
-    for r in (0, 1):
-        lines = [f"{t}0:00.00{r}000Z ckptwatch event=save_start step=10 rank={r} world_size=2 path=/ckpt/{job}/step_10",
-                 f"{t}0:02.00{r}000Z ckptwatch event=save_end step=10 rank={r} world_size=2 files=2 bytes=4096 "
-                 f"path=/ckpt/{job}/step_10",
-                 f"{t}3:20.00{r}000Z ckptwatch event=save_start step=30 rank={r} world_size=2 path=/ckpt/{job}/step_30"]
-        lines.append(f"{t}3:21.000000Z ERROR OSError: [Errno 28] No space left on device: '/ckpt/{job}/step_30/x.pt'"
-                     if r else f"{t}3:22.000000Z ckptwatch event=save_end step=30 rank=0 world_size=2 files=2 "
-                               f"bytes=4096 path=/ckpt/{job}/step_30")
-        out[f"rank{r}.log"] = "\n".join(lines) + "\n"
-    return out
 
 
 def test_detector_waits_out_a_broker_restart_before_and_after_it_got_its_partitions(own_broker, tmp_path):

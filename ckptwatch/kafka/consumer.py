@@ -138,6 +138,17 @@ class OffsetGaps:
         return gaps
 
 
+def lost_offsets(gaps: OffsetGaps, records: Iterable[ConsumerRecord], *, who: str,
+                 consequence: str) -> list[tuple[int, str]]:
+    """For each jump :meth:`OffsetGaps.check` finds in ``records``: how many offsets were
+    never received, and the line that says so (``who``: the consumer group, e.g.
+    ``sink group g``; ``consequence``: what that costs, e.g. ``their events are not stored``)."""
+    return [(received - first,
+             f"{tp.topic} partition {tp.partition}: offsets {first} to {received - 1} ({received - first} message(s)) "
+             f"were never received: the topic's retention deleted them before {who} read them; {consequence}")
+            for tp, first, received in gaps.check(records)]
+
+
 class _Listener(ConsumerRebalanceListener):
     def __init__(self, on_assigned: PartitionsCallback, on_revoked: PartitionsCallback) -> None:
         self._assigned, self._revoked = on_assigned, on_revoked

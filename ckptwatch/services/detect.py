@@ -84,7 +84,7 @@ from ckptwatch.detectors.checkpoints import SaveFact
 from ckptwatch.detectors.runner import UNKNOWN_JOB
 from ckptwatch.kafka.codec import (DecodeError, decode_events_skipping, decode_incident, decode_save_fact,
                                    encode_incident, encode_save_fact, save_fact_key)
-from ckptwatch.kafka.consumer import GroupMember, OffsetGaps, Outage, TopicReader, broker_away, read_to_end
+from ckptwatch.kafka.consumer import GroupMember, OffsetGaps, Outage, TopicReader, broker_away, lost_offsets, read_to_end
 from ckptwatch.kafka.producer import Message, Publisher
 from ckptwatch.services.replay import ReplayStart, decode_metadata, encode_metadata
 from ckptwatch.sinks.metrics import Metrics
@@ -238,13 +238,11 @@ class DetectorMember:
         return any(job in det.jobs for det in self.detectors.values())
 
     def _feed(self, tp: TopicPartition, records: list[ConsumerRecord], now: dt.datetime) -> None:
-        for _, first, received in self._gaps.check(records):
-            n = received - first
+        for n, msg in lost_offsets(self._gaps, records, who=f"detector group {self.config.detect.group}",
+                                   consequence="their events are not judged"):
             self.stats.offsets_lost += n
             self.metrics.count_skipped("offsets_lost", n)
-            self.on_message(f"{tp.topic} partition {tp.partition}: offsets {first} to {received - 1} ({n} message(s)) "
-                            f"were never received: the topic's retention deleted them before detector group "
-                            f"{self.config.detect.group} read them; their events are not judged")
+            self.on_message(msg)
         events, bad, counts = decode_events_skipping([r.value for r in records])
         for i, e in bad:
             self.stats.bad_messages += 1

@@ -47,7 +47,7 @@ from ckptwatch.detectors import Incident
 from ckptwatch.kafka.admin import dead_letter_topic, ensure_topics
 from ckptwatch.kafka.codec import (FANOUT_HEADER, FLOORS_HEADER, SOURCES_HEADER, DecodeError, decode_events_skipping,
                                    decode_floors, decode_incident, decode_sources)
-from ckptwatch.kafka.consumer import GroupMember, OffsetGaps, Outage, broker_away
+from ckptwatch.kafka.consumer import GroupMember, OffsetGaps, Outage, broker_away, lost_offsets
 from ckptwatch.kafka.dead_letters import dead_letter
 from ckptwatch.kafka.producer import Publisher
 from ckptwatch.services import notification_mirror
@@ -167,13 +167,11 @@ class SinkMember:
     def _lost(self, records: list[ConsumerRecord]) -> None:
         """Say and count the offsets of the events topic ``records`` jumped over."""
         events = [r for r in records if r.topic == self.config.kafka.events_topic]
-        for tp, first, received in self._gaps.check(events):
-            n = received - first
+        for n, msg in lost_offsets(self._gaps, events, who=f"sink group {self.config.sink.group}",
+                                   consequence="their events are not stored"):
             self.stats.offsets_lost += n
             self.metrics.count_skipped("offsets_lost", n)
-            self.on_message(f"{tp.topic} partition {tp.partition}: offsets {first} to {received - 1} ({n} message(s)) "
-                            f"were never received: the topic's retention deleted them before sink group "
-                            f"{self.config.sink.group} read them; their events are not stored")
+            self.on_message(msg)
 
     def step(self) -> int:
         """Poll, write, commit, deliver alerts. Returns the number of records consumed plus
