@@ -60,7 +60,8 @@ def test_retention_days_from_the_flag_overrides_the_config_file(tmp_path, monkey
     monkeypatch.setattr(embedded.EmbeddedRunner, "__init__", spy)
     monkeypatch.setattr(os, "umask", lambda mask: 0o022)  # keep this test process's umask
     logs = tmp_path / "logs"
-    shutil.copytree(CORPUS / "01-clean", logs)
+    # the example corpus's clean run (the fixture copy holds artifacts only: an empty run now exits 2)
+    shutil.copytree(Path(__file__).parent.parent / "examples" / "corpus" / "01-clean", logs)
     args = ["run", "--logs", str(logs), "--once", "--config", str(toml)]
     for extra, want in [([], dt.timedelta(days=30)), (["--retention-days", "0.5"], dt.timedelta(hours=12)),
                         (["--retention-days", "0"], None)]:
