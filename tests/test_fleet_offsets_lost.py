@@ -87,4 +87,5 @@ def test_offsets_deleted_before_the_sink_and_the_detectors_read_them_are_reporte
         f"{topic} partition 0: offsets 3 to 4 (2 message(s)) were never received: the topic's retention deleted "
         f"them before detector group {cfg.detect.group} read them; their events are not judged"]
     assert sink.stats.offsets_lost == member.stats.offsets_lost == 2
-    assert 'ckptwatch_records_skipped_total{reason="offsets_lost"} 4.0' in metrics.exposition()
+    # one Metrics for both, as in run --kafka: the same two offsets count once in the process
+    assert 'ckptwatch_records_skipped_total{reason="offsets_lost"} 2.0' in metrics.exposition()

@@ -48,6 +48,21 @@ class Retired(NamedTuple):
     path: str | None
 
 
+def _source_clock(ts: dt.datetime, at: dt.datetime, now: dt.datetime | None,
+                  idle: dt.timedelta | None) -> dt.datetime | None:
+    """The clock of one source (file) of a job, for :meth:`JobState.watermark` and
+    :meth:`JobState.clock_of`: ``ts``, the newest event time it has shown (UTC), moved on by
+    the wall time since ``at``, its last arrival, up to ``now`` (UTC; None: not moved on; an
+    arrival after ``now`` moves nothing). None when the source is idle: silent ``idle`` or
+    longer (None: never idle)."""
+    if now is None:
+        return ts
+    quiet = max(now - at, dt.timedelta(0))
+    if idle is not None and quiet >= idle:
+        return None
+    return ts + quiet
+
+
 def ev_key(ev: Ev) -> tuple:
     """An event's place in time: ``(ts, source_id, offset)``."""
     return (ev.ts, ev.source_id, ev.offset)
@@ -760,9 +775,8 @@ class JobState:
         if source_idle is None or now is None:
             return wm
         idle = dt.timedelta(seconds=source_idle)
-        zero = dt.timedelta(0)
-        holds = [ts + max(now - at, zero) - lateness for ts, at in self.sources.values() if now - at < idle]
-        return min([wm, *holds])
+        clocks = (_source_clock(ts, at, now, idle) for ts, at in self.sources.values())
+        return min([wm, *(c - lateness for c in clocks if c is not None)])
 
     def clock_of(self, source_ids: Iterable[str], lateness: dt.timedelta, now: dt.datetime | None, *,
                  source_idle: float | None = None) -> dt.datetime | None:
@@ -771,19 +785,9 @@ class JobState:
         less ``lateness`` (UTC): how far those files' own host has been read, by its own
         clock (:mod:`~ckptwatch.detectors.own_clock`). A file silent ``source_idle`` seconds
         or more counts for nothing, as in :meth:`watermark`. None when no file counts."""
-        zero = dt.timedelta(0)
         idle = dt.timedelta(seconds=source_idle) if source_idle is not None else None
-        best: dt.datetime | None = None
-        for sid in source_ids:
-            known = self.sources.get(sid)
-            if known is None:
-                continue
-            ts, at = known
-            quiet = max(now - at, zero) if now is not None else zero
-            if idle is not None and now is not None and quiet >= idle:
-                continue
-            if best is None or ts + quiet > best:
-                best = ts + quiet
+        clocks = [_source_clock(*self.sources[sid], now, idle) for sid in source_ids if sid in self.sources]
+        best = max((c for c in clocks if c is not None), default=None)
         return None if best is None else best - lateness
 
     def hosts(self) -> set[str]:

@@ -66,8 +66,15 @@ KIND_STYLE = {
     "integrity": ("s", "#37474f", "integrity check"),
 }
 BAR_STYLE = {"saved": ("#66bb6a", None), "cut": ("#ef5350", "///"), "open": ("#bdbdbd", None)}
-#: one picture at a time (see the module docstring)
-_DRAWING = threading.Lock()
+#: One picture at a time per process. matplotlib's drawing state is process-wide and not
+#: thread-safe: ``rcParams`` (``rc_context`` below swaps them for the whole process, not
+#: for one thread), pyplot's current figure (for any caller that uses pyplot), the font
+#: cache and the mathtext parser (a pyparsing grammar with a process-wide packrat cache:
+#: two threads parsing at once corrupt it).
+#: The console draws from its request threads, so every drawing entry point holds this.
+#: Re-entrant: an entry point may call another (:func:`html_page` draws through
+#: :func:`svg`) or be called under :func:`_drawing` without deadlocking its own thread.
+_DRAWING = threading.RLock()
 
 
 @contextlib.contextmanager

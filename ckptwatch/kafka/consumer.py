@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
 from kafka.consumer.fetcher import ConsumerRecord
@@ -138,14 +138,33 @@ class OffsetGaps:
         return gaps
 
 
+class LostOffsets(NamedTuple):
+    """Offsets ``first`` .. ``end - 1`` of ``topic`` partition ``partition`` that a consumer
+    never received, and the line that says so (:func:`lost_offsets`)."""
+
+    topic: str
+    partition: int
+    first: int
+    end: int
+    message: str
+
+    @property
+    def n(self) -> int:
+        """How many offsets were never received."""
+        return self.end - self.first
+
+
 def lost_offsets(gaps: OffsetGaps, records: Iterable[ConsumerRecord], *, who: str,
-                 consequence: str) -> list[tuple[int, str]]:
-    """For each jump :meth:`OffsetGaps.check` finds in ``records``: how many offsets were
-    never received, and the line that says so (``who``: the consumer group, e.g.
-    ``sink group g``; ``consequence``: what that costs, e.g. ``their events are not stored``)."""
-    return [(received - first,
-             f"{tp.topic} partition {tp.partition}: offsets {first} to {received - 1} ({received - first} message(s)) "
-             f"were never received: the topic's retention deleted them before {who} read them; {consequence}")
+                 consequence: str) -> list[LostOffsets]:
+    """Each jump :meth:`OffsetGaps.check` finds in ``records``: the offsets never received,
+    and the line that says so (``who``: the consumer group, e.g. ``sink group g``;
+    ``consequence``: what that costs, e.g. ``their events are not stored``). Count them with
+    :meth:`Metrics.count_offsets_lost <ckptwatch.sinks.metrics.Metrics.count_offsets_lost>`,
+    which counts each offset once per process however many consumers find it lost."""
+    return [LostOffsets(tp.topic, tp.partition, first, received,
+                        f"{tp.topic} partition {tp.partition}: offsets {first} to {received - 1} "
+                        f"({received - first} message(s)) were never received: the topic's retention deleted them "
+                        f"before {who} read them; {consequence}")
             for tp, first, received in gaps.check(records)]
 
 

@@ -238,15 +238,15 @@ class DetectorMember:
         return any(job in det.jobs for det in self.detectors.values())
 
     def _feed(self, tp: TopicPartition, records: list[ConsumerRecord], now: dt.datetime) -> None:
-        for n, msg in lost_offsets(self._gaps, records, who=f"detector group {self.config.detect.group}",
-                                   consequence="their events are not judged"):
-            self.stats.offsets_lost += n
-            self.metrics.count_skipped("offsets_lost", n)
-            self.on_message(msg)
+        for lost in lost_offsets(self._gaps, records, who=f"detector group {self.config.detect.group}",
+                                 consequence="their events are not judged"):
+            self.stats.offsets_lost += lost.n
+            self.metrics.count_offsets_lost(lost.topic, lost.partition, lost.first, lost.end)  # once per process
+            self.on_message(lost.message)
         events, bad, counts = decode_events_skipping([r.value for r in records])
         for i, e in bad:
             self.stats.bad_messages += 1
-            self.metrics.count_skipped("bad_message")
+            self.metrics.count_bad_message(tp.topic, tp.partition, records[i].offset)  # once per process
             self.on_message(f"{tp.topic} partition {tp.partition} offset {records[i].offset}: skipped: {e}")
         # each event's message offset, and each job's span of them: per batch, not per event
         per_message = pl.DataFrame({"o": [r.offset for r in records], "n": counts},

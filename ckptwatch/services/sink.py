@@ -156,7 +156,7 @@ class SinkMember:
             return
         for r, e in bad:
             self.stats.bad_messages += 1
-            self.metrics.count_skipped("bad_message")
+            self.metrics.count_bad_message(r.topic, r.partition, r.offset)  # once per process
             self.on_message(f"{r.topic} partition {r.partition} offset {r.offset}: skipped: {e}; "
                             f"kept in {self.dead_letters}")
         if self._dlq is None:
@@ -167,11 +167,11 @@ class SinkMember:
     def _lost(self, records: list[ConsumerRecord]) -> None:
         """Say and count the offsets of the events topic ``records`` jumped over."""
         events = [r for r in records if r.topic == self.config.kafka.events_topic]
-        for n, msg in lost_offsets(self._gaps, events, who=f"sink group {self.config.sink.group}",
-                                   consequence="their events are not stored"):
-            self.stats.offsets_lost += n
-            self.metrics.count_skipped("offsets_lost", n)
-            self.on_message(msg)
+        for lost in lost_offsets(self._gaps, events, who=f"sink group {self.config.sink.group}",
+                                 consequence="their events are not stored"):
+            self.stats.offsets_lost += lost.n
+            self.metrics.count_offsets_lost(lost.topic, lost.partition, lost.first, lost.end)  # once per process
+            self.on_message(lost.message)
 
     def step(self) -> int:
         """Poll, write, commit, deliver alerts. Returns the number of records consumed plus

@@ -19,7 +19,10 @@ Metrics (every label has a small, fixed set of values; job ids only when configu
 ``ckptwatch_records_skipped_total{reason}``
     Input not turned into events, by ``reason``: ``no_rule_matched`` (records), ``line_too_long``
     (lines over 1 MiB), ``unreadable_file`` (files), ``bad_message`` (Kafka messages a
-    detector or sink could not decode).
+    detector or sink could not decode), ``offsets_lost`` (offsets of the events topic a
+    detector or sink never received: retention deleted them first). A message or an offset
+    counts once per process: in ``run --kafka`` the detector and the sink both meet it, and
+    a partition read again (a rebalance, a broker restart) meets it again.
 ``ckptwatch_incidents_total{kind,severity}`` (plus ``job`` with ``[metrics] job_label = true``)
     Incidents, counted once per incident id when first emitted: a later version of the
     same incident (more evidence, superseded) does not count again. The embedded run
@@ -59,6 +62,8 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import bisect
+import itertools
 from collections.abc import Iterable, Mapping
 
 import polars as pl
@@ -70,6 +75,11 @@ from ckptwatch.ingest.stats import Stats
 #: Values of the ``source_kind`` column (:data:`ckptwatch.schema.RECORD_SCHEMA`); the lines
 #: counter starts each at 0 so that rates exist before the first line of a kind.
 SOURCE_KINDS = ("console", "worker", "kernel", "log")
+#: bad messages remembered to count each once (:meth:`Metrics.count_bad_message`): the two
+#: stages of ``run --kafka`` meet one within a poll or two of each other
+BAD_SEEN = 16_384
+#: ranges of lost offsets remembered per partition (:meth:`Metrics.count_offsets_lost`)
+LOST_RANGES = 1_024
 
 
 class Metrics:
@@ -110,6 +120,8 @@ class Metrics:
         self.detector_lag.set(math.nan)
         self._seen: dict[tuple[str, str], int] = {}  # (counter, label) -> cumulative value counted so far
         self._incident_ids: set[str] = set()
+        self._bad_seen: dict[tuple[str, int, int], None] = {}  # (topic, partition, offset), oldest first
+        self._lost: dict[tuple[str, int], list[tuple[int, int]]] = {}  # (topic, partition) -> [first, end) ranges
 
     # -- ingest ------------------------------------------------------------------------------
     def _delta(self, counter: Counter, family: str, cumulative: Mapping[str, int]) -> None:
@@ -133,8 +145,47 @@ class Metrics:
             self.events.labels(source_kind or "log", kind).inc(n)
 
     def count_skipped(self, reason: str, n: int = 1) -> None:
-        """Count ``n`` records skipped for ``reason`` (e.g. ``bad_message``)."""
+        """Count ``n`` records skipped for ``reason``. Kafka messages and offsets go through
+        :meth:`count_bad_message` and :meth:`count_offsets_lost`, which count each once."""
         self.skipped.labels(reason).inc(n)
+
+    def count_bad_message(self, topic: str, partition: int, offset: int) -> bool:
+        """Count the message at ``offset`` of ``topic`` partition ``partition`` as skipped
+        (``reason="bad_message"``) unless this object counted it already: the detector and
+        the sink of ``run --kafka`` both skip it, a partition read again meets it again.
+        Returns True if it was counted now. The newest :data:`BAD_SEEN` messages counted are
+        remembered (a flood of bad messages costs that much memory, no more)."""
+        key = (topic, partition, offset)
+        if key in self._bad_seen:
+            return False
+        self._bad_seen[key] = None
+        if len(self._bad_seen) > BAD_SEEN:
+            for old in list(itertools.islice(self._bad_seen, BAD_SEEN // 2)):
+                del self._bad_seen[old]
+        self.skipped.labels("bad_message").inc()
+        return True
+
+    def count_offsets_lost(self, topic: str, partition: int, first: int, end: int) -> int:
+        """Count offsets ``first`` .. ``end - 1`` of ``topic`` partition ``partition`` as never
+        received (``reason="offsets_lost"``), each once: those this object counted already
+        (the other stage of ``run --kafka`` found the same gap, or one overlapping it) are
+        left out. Returns how many were counted now. Up to :data:`LOST_RANGES` disjoint
+        ranges are remembered per partition (past that, the lowest are forgotten)."""
+        if end <= first:
+            return 0
+        ranges = self._lost.setdefault((topic, partition), [])
+        i = bisect.bisect_left(ranges, first, key=lambda r: r[1])  # the first range ending at or after first
+        j, known = i, 0
+        while j < len(ranges) and ranges[j][0] <= end:  # overlapping or touching [first, end)
+            known += max(0, min(end, ranges[j][1]) - max(first, ranges[j][0]))
+            j += 1
+        merged = (min(first, ranges[i][0]), max(end, ranges[j - 1][1])) if j > i else (first, end)
+        ranges[i:j] = [merged]
+        del ranges[:-LOST_RANGES]
+        new = end - first - known
+        if new:
+            self.skipped.labels("offsets_lost").inc(new)
+        return new
 
     # -- detection ---------------------------------------------------------------------------
     def observe_incidents(self, incidents: Iterable[Incident]) -> int:

@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from ckptwatch.detectors.incident import Incident
 from ckptwatch.history import plot, timeline
 from ckptwatch.history.cli import report_text
-from ckptwatch.ingest.discovery import SKIP_SUFFIXES
 from ckptwatch.pipeline import PipelineOptions, diagnose
 from ckptwatch.private_files import open_private
 from ckptwatch.sinks.redact import Redactor
@@ -58,7 +57,13 @@ class Cancelled(Exception):  # noqa: N818  (a state, not a failure)
 
 
 class UploadError(ValueError):
-    """Nothing to read in what was sent; the message says why, for the user."""
+    """Nothing to read in what was sent; the message says why, for the user (the page and
+    the API show it). Raises ValueError when made without a message."""
+
+    def __init__(self, message: str) -> None:
+        if not message.strip():
+            raise ValueError("an UploadError says why, for the user: its message is empty")
+        super().__init__(message)
 
 
 @dataclass
@@ -96,36 +101,35 @@ def refusal(upload: Upload) -> str | None:
 
 
 def _spool_name(name: str, taken: set[str]) -> str:
-    """A safe, unique file name for ``name``'s text in the spool, one the pipeline reads as
-    plain text: no ``.gz`` (unpacked already), no suffix discovery leaves unread."""
-    base = name
+    """Where ``name``'s text goes in the spool, relative to it: safe (no directory part, so
+    no ``..``; letters, digits and ``._-`` only, at most 120 of them; never hidden), unique
+    (a name already ``taken`` goes in a numbered subdirectory, ``2/console.log``), and the
+    upload's own file name otherwise, so the labels a name gives (``rank3.log``,
+    ``console.log``, ``slurm-123.out``) hold. Less ``.gz``: the text is unpacked already,
+    and the pipeline reads a ``.gz`` name through gzip. Any other suffix stays: the
+    pipeline is given each file by path, which it reads whatever its suffix."""
+    base = os.path.basename(name.replace("\\", "/"))
+    base = "".join(c if c.isalnum() or c in "._-" else "_" for c in base)[:120]
     while base.lower().endswith(".gz"):
         base = base[:-3]
-    if base.lower().endswith(SKIP_SUFFIXES) or not base.strip("."):
-        base += ".log"
-    return _safe_name(base, taken)
-
-
-def _safe_name(name: str, taken: set[str]) -> str:
-    base = os.path.basename(name.replace("\\", "/")) or "pasted.log"
-    base = "".join(c if c.isalnum() or c in "._-" else "_" for c in base)[:120] or "log"
+    if not base.strip("."):
+        base = "pasted.log"
     if base.startswith("."):
         base = "_" + base
-    out, n = base, 1
-    while out in taken:
+    out, n = base, 1  # ``taken`` holds the paths given and their subdirectories (``2/``)
+    while out in taken or (f"{out}/" in taken if n == 1 else str(n) in taken):
         n += 1
-        out = f"{n}-{base}"
-    taken.add(out)
+        out = f"{n}/{base}"
+    taken.update((out, f"{n}/") if n > 1 else (out,))
     return out
 
 
-def _unpack(u: Upload, room: int) -> bytes:
-    """The text of ``u``: its bytes, or a gzip's unpacked bytes; more than ``room`` bytes
-    raise UploadError (unpacking stops there: a bomb costs ``room`` bytes, not its size)."""
+def _unpack(u: Upload, room: int) -> bytes | None:
+    """The text of ``u``: its bytes, or a gzip's unpacked bytes; None when that is more
+    than ``room`` bytes (unpacking stops there: a bomb costs ``room`` bytes, not its size).
+    Raises :class:`UploadError` for a gzip that cannot be read."""
     if u.data[:2] != b"\x1f\x8b":
-        if len(u.data) > room:
-            raise UploadError("")
-        return u.data
+        return u.data if len(u.data) <= room else None
     d = zlib.decompressobj(wbits=31)
     out = bytearray()
     data = u.data
@@ -137,16 +141,15 @@ def _unpack(u: Upload, room: int) -> bytes:
                 d = zlib.decompressobj(wbits=31)
     except zlib.error as e:
         raise UploadError(f"{u.name}: not a readable gzip file ({e})") from None
-    if len(out) > room:
-        raise UploadError("")
-    return bytes(out)
+    return bytes(out) if len(out) <= room else None
 
 
 def prepare(uploads: Sequence[Upload], spool: str, limits: Limits,
             redact: Callable[[str], str] = str) -> tuple[list[str], dict[str, str]]:
     """Write what can be read of ``uploads`` into the private directory ``spool`` (gzips
-    unpacked, files ``0600``); returns the names written and the uploads refused (``name``:
-    why), every name as ``redact`` leaves it (a file name can hold a secret too). Raises
+    unpacked, files ``0600``); returns the names written (paths relative to ``spool``, see
+    :func:`_spool_name`) and the uploads refused (``name``: why), every name as ``redact``
+    leaves it (a file name can hold a secret too). Raises
     :class:`UploadError` when nothing was sent, more than :data:`MAX_UPLOAD` bytes, more
     than ``limits`` allow once unpacked, or nothing readable."""
     if not uploads:
@@ -165,13 +168,10 @@ def prepare(uploads: Sequence[Upload], spool: str, limits: Limits,
         if why:
             refused[u.name] = why
             continue
-        try:
-            text = _unpack(u, room)
-        except UploadError as e:
-            if str(e):
-                raise
+        text = _unpack(u, room)
+        if text is None:
             raise UploadError(f"more than {limits.text_bytes >> 20} MiB of text once unpacked: at most that here; "
-                              "for bigger logs run ckptwatch diagnose on them") from None
+                              "for bigger logs run ckptwatch diagnose on them")
         if text[:2] == b"\x1f\x8b":  # unpacked by the pipeline, it would escape these caps
             raise UploadError(f"{u.name}: a gzip inside a gzip: unpack it once and send that")
         room -= len(text)
@@ -180,6 +180,8 @@ def prepare(uploads: Sequence[Upload], spool: str, limits: Limits,
             raise UploadError(f"more than {limits.lines:,} lines: at most that here; for bigger logs run "
                               "ckptwatch diagnose on them")
         name = _spool_name(u.name, taken)
+        if os.path.dirname(name):
+            os.makedirs(os.path.join(spool, os.path.dirname(name)), mode=0o700, exist_ok=True)
         with open(open_private(os.path.join(spool, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL), "wb") as f:
             f.write(text)
         names.append(name)
@@ -189,10 +191,11 @@ def prepare(uploads: Sequence[Upload], spool: str, limits: Limits,
 
 
 def diagnose_spool(spool: str, names: list[str], refused: dict[str, str], redactor: Redactor) -> Diagnosis:
-    """Read the files of ``spool`` as ``ckptwatch diagnose`` would, and build the page's
+    """Read the files ``names`` of ``spool`` (paths relative to it) as ``ckptwatch diagnose``
+    reads files named one by one (each read whatever its suffix), and build the page's
     :class:`Diagnosis` from what it found, redacted. Raises :class:`UploadError` when no
     line was read."""
-    incidents, stats = diagnose([spool], PipelineOptions())
+    incidents, stats = diagnose([os.path.join(spool, n) for n in sorted(names)], PipelineOptions())
     if stats.lines == 0:
         raise UploadError("no line to read in what was sent")
     incidents = [redactor.incident(inc) for inc in incidents]
@@ -227,8 +230,8 @@ def _context() -> multiprocessing.context.BaseContext:
 
 def run_diagnosis(uploads: Sequence[Upload], *, redactor: Redactor | None = None, limits: Limits | None = None,
                   client_gone: Callable[[], bool] | None = None, isolate: bool = True) -> Diagnosis:
-    """Diagnose ``uploads`` as ``ckptwatch diagnose`` would the same files in one directory
-    (each file's labels from its name and lines, as for files given one by one), within
+    """Diagnose ``uploads`` as ``ckptwatch diagnose`` would the same files named one by one,
+    side by side in one directory (each file's labels from its name and lines), within
     ``limits``, redacted with ``redactor`` (default: the packaged patterns).
 
     ``isolate``: read in a child process (see the module docstring); ``client_gone`` is
