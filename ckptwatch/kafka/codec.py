@@ -30,8 +30,10 @@
   :data:`FANOUT_HEADER` on a host key's copies, the partition whose copy the sink stores.
   Both are optional: the events of a message without floors are checked against what is
   stored. :data:`SOURCES_HEADER` (optional too) names where the message's sources were read:
-  JSON ``{"host": collector's hostname, "files": {source_id: path}}``, recorded in the
-  sink's ``sources`` table so every evidence row names its file.
+  JSON ``{"host": collector's hostname, "files": {source_id: path}, "collector": id}``,
+  recorded in the sink's ``sources`` table so every evidence row names its file; ``collector``
+  (optional) names the collector (its host and offsets file), so the sink can tell when two
+  collectors follow the same file (:mod:`ckptwatch.sinks.shared_sources`).
 
   Every field is checked where it is decoded (:func:`decode_events_skipping`), so nothing a
   detector or the sink cannot take gets past the codec: a value that is no batch at all (a
@@ -62,7 +64,7 @@ import io
 import itertools
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import polars as pl
 import pyarrow as pa
@@ -122,24 +124,37 @@ _MEMBER = _WS + _JSON_STRING + _WS + ":" + _WS + _JSON_SCALAR + _WS
 ATTRS_PATTERN = r'^' + _WS + r'\{(?:' + _MEMBER + r'(?:,' + _MEMBER + r')*|' + _WS + r')\}' + _WS + r'$'
 
 
-def encode_sources(host: str, files: dict[str, str]) -> bytes:
-    """The value of :data:`SOURCES_HEADER`: ``files`` maps ``source_id`` -> path on ``host``."""
-    return json.dumps({"host": host, "files": files}, separators=(",", ":")).encode()
+class Sources(NamedTuple):
+    """A decoded :data:`SOURCES_HEADER`: the collector's ``host`` (None if not given), its
+    ``files`` (``source_id`` -> path on that host) and ``collector`` (the collector's id,
+    ``host:offsets file``; None from a collector older than the field)."""
+    host: str | None
+    files: dict[str, str]
+    collector: str | None = None
 
 
-def decode_sources(value: bytes) -> tuple[str | None, dict[str, str]]:
-    """Inverse of :func:`encode_sources`: ``(host, {source_id: path})``. Raises DecodeError
-    for anything but that shape."""
+def encode_sources(host: str, files: dict[str, str], collector: str | None = None) -> bytes:
+    """The value of :data:`SOURCES_HEADER`: ``files`` maps ``source_id`` -> path on ``host``;
+    ``collector`` names the collector that read them (left out when None)."""
+    doc: dict[str, Any] = {"host": host, "files": files}
+    if collector is not None:
+        doc["collector"] = collector
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def decode_sources(value: bytes) -> Sources:
+    """Inverse of :func:`encode_sources`. Raises DecodeError for anything but that shape."""
     try:
         doc = json.loads(value)
     except ValueError:
         doc = None
     files = doc.get("files") if isinstance(doc, dict) else None
     host = doc.get("host") if isinstance(doc, dict) else None
+    collector = doc.get("collector") if isinstance(doc, dict) else None
     if (not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items())
-            or not (host is None or isinstance(host, str))):
+            or not (host is None or isinstance(host, str)) or not (collector is None or isinstance(collector, str))):
         raise DecodeError(f"header {SOURCES_HEADER} is not {{\"host\": ..., \"files\": {{id: path}}}}: {value[:80]!r}")
-    return host, files
+    return Sources(host, files, collector)
 
 
 def encode_floors(floors: dict[str, int]) -> bytes:

@@ -86,6 +86,9 @@ class Collector:
         self.published = 0
         #: this machine's name, sent with the files' paths (the sink's ``sources.host``)
         self.host = socket.gethostname()
+        #: this collector, as the sink names it when another one follows the same file: its
+        #: host and offsets file (the same across restarts, another for every other collector)
+        self.collector_id = f"{self.host}:{own}"
 
     def messages(self, events: pl.DataFrame) -> list[Message]:
         """The events as messages (:func:`event_messages`), each with the offsets saved for
@@ -96,7 +99,8 @@ class Collector:
         saved = {sid: c.offset for sid, c in self._saved.items()}
         return event_messages(events, topic=topic, partitions=self.publisher.partitions(topic), floors=saved,
                               fmt=self.config.kafka.events_format,
-                              files={sid: c.path for sid, c in self._saved.items()}, host=self.host)
+                              files={sid: c.path for sid, c in self._saved.items()}, host=self.host,
+                              collector=self.collector_id)
 
     def step(self, *, final: bool = False, now: dt.datetime | None = None) -> int:
         """Read, match, publish, checkpoint. Returns the number of events published.
@@ -149,7 +153,7 @@ class Collector:
 
 def event_messages(events: pl.DataFrame, *, topic: str, partitions: Sequence[int], floors: Mapping[str, int],
                    fmt: str = "arrow", files: Mapping[str, str] | None = None,
-                   host: str | None = None) -> list[Message]:
+                   host: str | None = None, collector: str | None = None) -> list[Message]:
     """``events`` (EVENT_SCHEMA) as messages of ``topic``: batches keyed by job (events of
     no job under ``unknown``), host events' batches keyed by host and copied to every one of
     ``partitions`` (the first one's copy named in :data:`~ckptwatch.kafka.codec.FANOUT_HEADER`,
@@ -157,7 +161,7 @@ def event_messages(events: pl.DataFrame, *, topic: str, partitions: Sequence[int
     :data:`~ckptwatch.kafka.codec.FLOORS_HEADER` (``source_id`` -> offset below which no
     event of the source is sent again; sources missing from ``floors`` get none), and the
     paths ``files`` gives its sources (``source_id`` -> path, read on ``host``) in
-    :data:`~ckptwatch.kafka.codec.SOURCES_HEADER`. Values are
+    :data:`~ckptwatch.kafka.codec.SOURCES_HEADER`, with the ``collector``'s id. Values are
     :func:`~ckptwatch.kafka.codec.encode_event_batches` in format ``fmt``."""
     if events.is_empty():
         return []
@@ -171,7 +175,7 @@ def event_messages(events: pl.DataFrame, *, topic: str, partitions: Sequence[int
         given = {sid: floors[sid] for sid in rows["source_id"] if sid in floors}
         named = {sid: files[sid] for sid in rows["source_id"] if sid in files} if files else {}
         headers[key] = (((FLOORS_HEADER, encode_floors(given)),) if given else ()) + (
-            ((SOURCES_HEADER, encode_sources(host or "", named)),) if named else ())
+            ((SOURCES_HEADER, encode_sources(host or "", named, collector)),) if named else ())
     out: list[Message] = []
     for key, value in encode_event_batches(events, keys, fmt=fmt):
         if key.startswith(_HOST_MARK.encode()):  # the sink stores one copy (floors hold for one)

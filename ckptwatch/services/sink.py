@@ -54,6 +54,7 @@ from ckptwatch.services import notification_mirror
 from ckptwatch.sinks.alerts.dispatcher import Alerter
 from ckptwatch.sinks.duckdb_store import Store
 from ckptwatch.sinks.metrics import Metrics
+from ckptwatch.sinks.shared_sources import SharedSources
 
 
 @dataclass
@@ -68,6 +69,8 @@ class SinkStats:
     bad_messages: int = 0
     offsets_lost: int = 0
     broker_waits: int = 0
+    #: files found followed by two collectors (:mod:`ckptwatch.sinks.shared_sources`)
+    sources_shared: int = 0
 
 
 class SinkMember:
@@ -112,6 +115,7 @@ class SinkMember:
         self.dead_letters = dead_letter_topic(k)
         self._dlq: Publisher | None = None  # opened at the first dead letter
         self._gaps = OffsetGaps()  # of the events topic
+        self.shared_sources = SharedSources()  # which collector publishes each file
         self._outage = Outage(k.bootstrap_servers, self.on_message)
         self.member = GroupMember(k, config.sink.group, [k.events_topic, k.incidents_topic], client_id="ckptwatch-sink",
                                   on_assigned=self._assigned, on_revoked=self._revoked, on_wait=self.on_message)
@@ -305,8 +309,13 @@ class SinkMember:
                     self.on_message(f"{r.topic} partition {r.partition} offset {r.offset}: {e}; ignored")
             if SOURCES_HEADER in headers:
                 try:
-                    host, named = decode_sources(headers[SOURCES_HEADER])
+                    host, named, collector = decode_sources(headers[SOURCES_HEADER])
                     files.update((sid, (path, host or None)) for sid, path in named.items())
+                    for shared in self.shared_sources.published(collector, named):
+                        self.stats.sources_shared += 1
+                        self.metrics.sources_shared.inc()
+                        if shared.new_pair:  # one line per pair of collectors, the rest counted
+                            self.on_message(shared.message())
                 except DecodeError as e:  # the events are stored all the same, their files unnamed
                     self.on_message(f"{r.topic} partition {r.partition} offset {r.offset}: {e}; ignored")
             keep.append(r)

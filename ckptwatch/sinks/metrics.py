@@ -30,6 +30,10 @@ Metrics (every label has a small, fixed set of values; job ids only when configu
     again, so after a restart it counts those once more (the counter restarted at 0 too:
     ``increase()`` over a restart may include them). The detector service counts only ids
     never published to the incidents topic, so its restarts and rebalances do not.
+``ckptwatch_sources_shared_total``
+    Log files the fleet sink found published by two collectors (each file once per pair of
+    collectors): a deployment in which a copytruncate copy's lines can be stored twice
+    (:mod:`ckptwatch.sinks.shared_sources`).
 ``ckptwatch_alerts_sent_total{channel,action}``
     Notifications a channel accepted; ``action`` such as ``trigger``, ``resolve``.
 ``ckptwatch_alerts_failed_total{channel,reason}``
@@ -98,6 +102,8 @@ class Metrics:
                                registry=r)
         self.incidents = Counter("ckptwatch_incidents", "Incidents, counted once per id when first emitted.",
                                  ["kind", "severity", "job"] if job_label else ["kind", "severity"], registry=r)
+        self.sources_shared = Counter("ckptwatch_sources_shared",
+                                      "Log files found followed by more than one collector (fleet sink).", registry=r)
         self.alerts_sent = Counter("ckptwatch_alerts_sent", "Notifications accepted, by channel and action.",
                                    ["channel", "action"], registry=r)
         self.alerts_failed = Counter("ckptwatch_alerts_failed", "Notifications given up on, by channel and reason.",
