@@ -89,3 +89,39 @@ def test_offsets_deleted_before_the_sink_and_the_detectors_read_them_are_reporte
     assert sink.stats.offsets_lost == member.stats.offsets_lost == 2
     # one Metrics for both, as in run --kafka: the same two offsets count once in the process
     assert 'ckptwatch_records_skipped_total{reason="offsets_lost"} 2.0' in metrics.exposition()
+
+
+def test_a_partition_retention_emptied_is_reported_before_anything_new_is_published(kafka_bootstrap, tmp_path):
+    """Found by the second attack round: a partition whose every unread record retention
+    deleted (log start = log end) showed no jump, since no record came after the gap; a
+    restarted sink said ``0 new events`` and nothing else until the next message."""
+    cfg = fresh_config(kafka_bootstrap, tmp_path, partitions=1)
+    ensure_topics(cfg.kafka)
+    tp = TopicPartition(cfg.kafka.events_topic, 0)
+    store = Store(cfg.sink.db)
+    try:
+        publish(cfg, range(0, 2))
+        run(lambda: SinkMember(cfg, store, poll_timeout=0.2),
+            lambda m: store.con.execute("SELECT count(*) FROM events").fetchone()[0] == 2)
+        run(lambda: DetectorMember(cfg, poll_timeout=0.2), lambda m: m.committed.get(tp) == 2)
+        publish(cfg, range(2, 5))  # offsets 2..4, then retention takes all of them
+        admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap, client_id="test-retention")
+        try:
+            admin.delete_records({tp: 5})
+        finally:
+            admin.close()
+        said, notes = [], []
+        sink = run(lambda: SinkMember(cfg, store, poll_timeout=0.2, on_message=said.append),
+                   lambda m: m.stats.offsets_lost > 0, timeout=30)
+        member = run(lambda: DetectorMember(cfg, poll_timeout=0.2, on_message=notes.append),
+                     lambda m: m.stats.offsets_lost > 0, timeout=30)
+    finally:
+        store.close()
+    topic = cfg.kafka.events_topic
+    assert [n for n in said if "never received" in n] == [
+        f"{topic} partition 0: offsets 2 to 4 (3 message(s)) were never received: the topic's retention deleted "
+        f"them before sink group {cfg.sink.group} read them; their events are not stored"]
+    assert [n for n in notes if "never received" in n] == [
+        f"{topic} partition 0: offsets 2 to 4 (3 message(s)) were never received: the topic's retention deleted "
+        f"them before detector group {cfg.detect.group} read them; their events are not judged"]
+    assert sink.stats.offsets_lost == member.stats.offsets_lost == 3

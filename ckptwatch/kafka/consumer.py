@@ -97,6 +97,11 @@ class Outage:
             self._since = None
 
 
+#: seconds between two looks, while polls come back empty, for offsets retention deleted from
+#: a quiet partition (:func:`lost_while_quiet`): one request to the broker each
+QUIET_CHECK_S = 5.0
+
+
 class OffsetGaps:
     """Offsets of a partition that a consumer skipped without receiving them. The topics
     here are neither compacted nor transactional, so a partition's offsets are consecutive
@@ -123,6 +128,24 @@ class OffsetGaps:
         """``partitions`` left this consumer (revoked, or assigned afresh)."""
         for tp in partitions:
             self._next.pop(tp, None)
+
+    def behind(self, starts: Mapping[TopicPartition, int]) -> list[tuple[TopicPartition, int, int]]:
+        """``(partition, first offset missing, log start)`` for each partition expected to go
+        on below the first offset its log still holds (``starts``: each partition's log start
+        offset, from the broker): retention deleted what was next before any record came to
+        show the jump (a quiet partition). The expectation moves to the log start, so the
+        records that come later show no second jump."""
+        gaps = []
+        for tp, start in starts.items():
+            want = self._next.get(tp)
+            if want is not None and start > want:
+                gaps.append((tp, want, start))
+                self._next[tp] = start
+        return gaps
+
+    def waiting(self) -> set[TopicPartition]:
+        """The partitions with a known expected offset."""
+        return set(self._next)
 
     def check(self, records: Iterable[ConsumerRecord]) -> list[tuple[TopicPartition, int, int]]:
         """``(partition, first offset missing, offset received)`` for each jump in
@@ -161,11 +184,27 @@ def lost_offsets(gaps: OffsetGaps, records: Iterable[ConsumerRecord], *, who: st
     ``consequence``: what that costs, e.g. ``their events are not stored``). Count them with
     :meth:`Metrics.count_offsets_lost <ckptwatch.sinks.metrics.Metrics.count_offsets_lost>`,
     which counts each offset once per process however many consumers find it lost."""
+    return _said(gaps.check(records), who=who, consequence=consequence)
+
+
+def lost_while_quiet(gaps: OffsetGaps, member: GroupMember, topic: str, *, who: str,
+                     consequence: str) -> list[LostOffsets]:
+    """What :func:`lost_offsets` finds, for the partitions of ``topic`` that received no
+    record to show it: each one's expected offset against its log start offset, asked of the
+    broker (one request). Call it when a poll came back empty (at most every few seconds),
+    so a sink restarted after retention emptied a partition says so before anything new is
+    published. An unanswered request finds nothing (the next call asks again)."""
+    parts = [tp for tp in gaps.waiting() if tp.topic == topic and tp in member.assignment()]
+    starts = member.log_starts(parts) if parts else {}
+    return _said(gaps.behind(starts), who=who, consequence=consequence)
+
+
+def _said(found: list[tuple[TopicPartition, int, int]], *, who: str, consequence: str) -> list[LostOffsets]:
     return [LostOffsets(tp.topic, tp.partition, first, received,
                         f"{tp.topic} partition {tp.partition}: offsets {first} to {received - 1} "
                         f"({received - first} message(s)) were never received: the topic's retention deleted them "
                         f"before {who} read them; {consequence}")
-            for tp, first, received in gaps.check(records)]
+            for tp, first, received in found]
 
 
 class _Listener(ConsumerRebalanceListener):
@@ -246,6 +285,14 @@ class GroupMember:
     def seek(self, tp: TopicPartition, offset: int) -> None:
         """Read ``tp`` from ``offset`` next (allowed inside the assignment callback)."""
         self._consumer.seek(tp, offset)
+
+    def log_starts(self, partitions: Iterable[TopicPartition], timeout: float = 5.0) -> dict[TopicPartition, int]:
+        """Each partition's log start offset (the first offset retention left), asked of the
+        broker; empty when it does not answer within ``timeout`` seconds."""
+        try:
+            return dict(self._consumer.beginning_offsets(list(partitions), timeout_ms=int(timeout * 1000)))
+        except (KafkaError, ValueError):  # kafka-python raises KafkaTimeoutError, or ValueError for no leader
+            return {}
 
     def seek_to_beginning(self, partitions: Iterable[TopicPartition]) -> None:
         self._consumer.seek_to_beginning(*partitions)
