@@ -204,7 +204,8 @@ _SECTIONS: dict[str, type] = typing.get_type_hints(Config)
 #: ``CKPTWATCH_*`` variables that are not config keys: the config file's path, test
 #: failpoints (:mod:`ckptwatch.failpoints`), the test broker, scripts/kafka-local's cache.
 NOT_CONFIG_VARIABLES = frozenset({"CKPTWATCH_CONFIG", "CKPTWATCH_FAILPOINTS", "CKPTWATCH_TEST_KAFKA",
-                                  "CKPTWATCH_KAFKA_CACHE", "CKPTWATCH_CACHE"})
+                                  "CKPTWATCH_KAFKA_CACHE", "CKPTWATCH_CACHE",
+                                  "CKPTWATCH_UI_TOKEN"})  # ckptwatch.ui.cli.TOKEN_ENV (config imports no UI code)
 
 _COMPRESSION = ("gzip", "none")
 _EVENT_FORMATS = ("arrow", "ndjson")  # ckptwatch.kafka.codec.EVENT_FORMATS (config imports no Kafka code)

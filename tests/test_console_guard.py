@@ -218,3 +218,33 @@ def test_dollar_signs_in_logs_are_drawn_as_text_under_parallel_requests(db, tmp_
     for ext in ("png", "svg"):
         res = CliRunner().invoke(cli.app, ["incidents", "plot", iid[:8], "--out", str(tmp_path / f"m.{ext}"), "--db", path])
         assert res.exit_code == 0, res.output
+
+
+def test_the_token_from_the_environment_starts_the_console_and_is_required(db, tmp_path):
+    """Found by a fresh user: ``CKPTWATCH_UI_TOKEN``, as the README and ``ui --help`` give
+    it, made ``ui`` and ``run --ui`` exit 2 (``no config section 'ui'``)."""
+    import os
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "CKPTWATCH_UI_TOKEN": "env-token-7f3a"}
+    proc = subprocess.Popen([sys.executable, "-m", "ckptwatch", "ui", "--db", db[0], "--port", str(port)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 30
+        while True:
+            assert proc.poll() is None, f"the console exited {proc.returncode}: {proc.stderr.read()}"
+            try:
+                refused = request(url, "/")
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the console did not start"
+                time.sleep(0.2)
+        assert refused[0] == 401
+        assert request(url, "/", headers={"Authorization": "Bearer env-token-7f3a"})[0] == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

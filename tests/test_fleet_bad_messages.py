@@ -221,3 +221,21 @@ def test_detector_and_sink_skip_count_report_and_keep_every_bad_shape_and_page_w
     assert by_offset[0].value is None and by_offset[1].value == b"" and by_offset[9].value == mixed
     assert b"field offset: missing" in dict(by_offset[4].headers)[dead_letters.ERROR_HEADER]
     assert {h[dead_letters.GROUP_HEADER] for h in headers} == {cfg.sink.group.encode()}
+
+
+DEEP = b"[" * 100_000  # deeper than Python's stack: json raised RecursionError, not ValueError
+
+
+@pytest.mark.parametrize("decode", [codec.decode_incident, codec.decode_save_fact, codec.decode_floors,
+                                    codec.decode_sources], ids=lambda f: f.__name__)
+def test_json_nested_deeper_than_the_stack_is_a_bad_message_not_a_crash(decode):
+    """Found by the second attack round: 100,000 ``[`` as an incident, a save fact, or a
+    floors or sources header made every detector and the sink exit 1 with RecursionError,
+    again on every restart."""
+    with pytest.raises(codec.DecodeError):
+        decode(DEEP)
+    from ckptwatch.services.notification_mirror import decode_state
+    with pytest.raises(codec.DecodeError):
+        decode_state(DEEP)
+    events, bad, counts = codec.decode_events_skipping([DEEP, arrow({"offset": 7})])
+    assert [i for i, _ in bad] == [0] and events["offset"].to_list() == [7] and counts == [0, 1]

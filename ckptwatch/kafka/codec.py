@@ -146,7 +146,7 @@ def decode_sources(value: bytes) -> Sources:
     """Inverse of :func:`encode_sources`. Raises DecodeError for anything but that shape."""
     try:
         doc = json.loads(value)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than Python's stack
         doc = None
     files = doc.get("files") if isinstance(doc, dict) else None
     host = doc.get("host") if isinstance(doc, dict) else None
@@ -167,7 +167,7 @@ def decode_floors(value: bytes) -> dict[str, int]:
     integers."""
     try:
         floors = json.loads(value)
-    except ValueError:
+    except (ValueError, RecursionError):
         floors = None
     if not isinstance(floors, dict) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
                                                for v in floors.values()):
@@ -431,8 +431,8 @@ def decode_incident(value: bytes | None) -> Incident:
         raise DecodeError("a tombstone (no value), not an incident")
     try:
         d = json.loads(value)
-    except (ValueError, TypeError):
-        raise DecodeError(f"not JSON: {value[:80]!r}") from None
+    except (ValueError, TypeError, RecursionError):
+        raise DecodeError(f"not JSON (or nested too deep): {value[:80]!r}") from None
     try:
         inc = Incident.from_dict(d)
     except KeyError as e:
@@ -532,6 +532,8 @@ def decode_save_fact(value: bytes | None) -> SaveFact:
         )
     except KeyError as e:
         raise DecodeError(f"not a ckptwatch save fact: no field {e}") from None
+    except RecursionError:
+        raise DecodeError("not a ckptwatch save fact: JSON nested too deep") from None
     except (ValueError, TypeError, AttributeError) as e:
         raise DecodeError(f"not a ckptwatch save fact: {e}") from None
     times = [fact.first_ts] if fact.first_ts else []

@@ -50,7 +50,7 @@ def decode_state(value: bytes) -> dict:
     """Inverse of :func:`encode_state`. Raises DecodeError when ``value`` is not one."""
     try:
         d = json.loads(value)
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise DecodeError(f"not a notification state: {e}") from None
     if not isinstance(d, dict) or any(k not in d for k in _KEYS) or not isinstance(d["incident"], dict):
         raise DecodeError(f"not a notification state: needs {', '.join(_KEYS)}")

@@ -110,6 +110,6 @@ def decode_metadata(metadata: str | None) -> int | None:
         return None
     try:
         value = json.loads(metadata).get(METADATA_KEY)
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         return None
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
