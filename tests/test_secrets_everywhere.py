@@ -42,6 +42,10 @@ SHAPES = [
     ("next=https%3A%2F%2Fb%2Fk%3FX-Amz-Signature%3DsigENC9f8e7d6c%26X-Amz-Date%3D1", "sigENC9f8e7d6c"),
     ("rsync ckpt:PWnoScheme42@backup.internal:/ckpt", "PWnoScheme42"),
     ("aws configure set aws_secret_access_key wJalrXUtnFEMIK7MDENGbPxRfiCYsecret", "wJalrXUtnFEMIK7MDENGbPxRfiCYsecret"),
+    # the second attack round's fresh user: a failed Slack POST as urllib3 prints it, a GitLab token
+    ("HTTPSConnectionPool(host='hooks.slack.com', port=443): Max retries exceeded with url: "
+     "/services/T0AB12CD3/B0EF45GH6/a1B2c3D4e5F6g7H8i9J0k1L2 (Caused by X)", "a1B2c3D4e5F6g7H8i9J0k1L2"),
+    ("git clone https://gitlab.example/r.git with glpat-AbCdEfGhIjKlMnOpQrSt", "glpat-AbCdEfGhIjKlMnOpQrSt"),
 ]
 
 FIELDS = ("checkpoint_path", "last_good_path", "root_line", "root_note", "evidence", "checkpoint_state", "remediation",
