@@ -239,3 +239,33 @@ def test_json_nested_deeper_than_the_stack_is_a_bad_message_not_a_crash(decode):
         decode_state(DEEP)
     events, bad, counts = codec.decode_events_skipping([DEEP, arrow({"offset": 7})])
     assert [i for i, _ in bad] == [0] and events["offset"].to_list() == [7] and counts == [0, 1]
+
+
+def test_a_fanout_header_naming_no_partition_stores_its_copy_and_says_so(kafka_bootstrap, tmp_path):
+    """Found by the second attack round: ``ckptwatch-fanout: -1`` on a valid event left it
+    unstored without a word (every copy waited for a partition -1 that does not exist)."""
+    cfg = fresh_config(kafka_bootstrap, tmp_path, partitions=2)
+    ensure_topics(cfg.kafka)
+    topic = cfg.kafka.events_topic
+    shapes = [(b"-1", 20), (b"99", 21), (b"abc", 22), (b"0", 23), (b"1", 24)]  # 24: partition 1's copy is stored
+    pub = Publisher(cfg.kafka, client_id="test-fanout")
+    try:
+        pub.publish([Message(topic, b"node7", ndjson(offset=o, source_id="host-src"), partition=0,
+                             headers=((codec.FANOUT_HEADER, v),)) for v, o in shapes])
+    finally:
+        pub.close()
+    store, said = Store(cfg.sink.db), []
+    sink = SinkMember(cfg, store, poll_timeout=0.2, on_message=said.append)
+    try:
+        deadline = time.monotonic() + 60
+        while sink.stats.events_received < 4:
+            sink.step()
+            assert time.monotonic() < deadline, f"the sink stopped at {sink.stats}"
+        stored = [o for (o,) in store.con.execute('SELECT "offset" FROM events ORDER BY 1').fetchall()]
+    finally:
+        sink.close()
+        store.close()
+    assert stored == [20, 21, 22, 23]
+    assert [n.split(": ", 1)[1] for n in said if "names no partition" in n] == [
+        f"header {codec.FANOUT_HEADER} {v!r} names no partition of the topic; this copy is stored"
+        for v in (b"-1", b"99", b"abc")]

@@ -286,6 +286,13 @@ class GroupMember:
         """Read ``tp`` from ``offset`` next (allowed inside the assignment callback)."""
         self._consumer.seek(tp, offset)
 
+    def partitions(self, topic: str) -> set[int]:
+        """The partition numbers of ``topic`` in the cluster metadata (empty if unknown)."""
+        try:
+            return set(self._consumer.partitions_for_topic(topic) or ())
+        except KafkaError:
+            return set()
+
     def log_starts(self, partitions: Iterable[TopicPartition], timeout: float = 5.0) -> dict[TopicPartition, int]:
         """Each partition's log start offset (the first offset retention left), asked of the
         broker; empty when it does not answer within ``timeout`` seconds."""

@@ -118,6 +118,7 @@ class SinkMember:
         self._gaps = OffsetGaps()  # of the events topic
         self.shared_sources = SharedSources()  # which collector publishes each file
         self._quiet_due = 0.0  # monotonic time of the next look for offsets lost from a quiet partition
+        self._fanout_known: set[int] = set()  # partitions of the events topic, as last looked up
         self._outage = Outage(k.bootstrap_servers, self.on_message)
         self.member = GroupMember(k, config.sink.group, [k.events_topic, k.incidents_topic], client_id="ckptwatch-sink",
                                   on_assigned=self._assigned, on_revoked=self._revoked, on_wait=self.on_message)
@@ -312,11 +313,9 @@ class SinkMember:
         for r in records:
             headers = dict(r.headers or ())
             if FANOUT_HEADER in headers:
-                try:
-                    if int(headers[FANOUT_HEADER]) != r.partition:
-                        continue  # another partition's copy is stored
-                except ValueError:
-                    pass  # not ours to judge: stored, checked against the table
+                fanout = self._fanout(r, headers[FANOUT_HEADER])
+                if fanout is not None and fanout != r.partition:
+                    continue  # another partition's copy is stored
             given = False
             if FLOORS_HEADER in headers:
                 try:
@@ -339,6 +338,23 @@ class SinkMember:
             keep.append(r)
             floored.append(given)
         return keep, floors, floored, files
+
+    def _fanout(self, r: ConsumerRecord, value: bytes) -> int | None:
+        """The partition whose copy of a host event is stored, as ``r``'s
+        :data:`~ckptwatch.kafka.codec.FANOUT_HEADER` ``value`` names it; None (this copy is
+        stored, and checked against the table) when it names no partition of the topic, which
+        would otherwise leave every copy unstored, said in one line."""
+        try:
+            fanout = int(value)
+        except ValueError:
+            fanout = None
+        if fanout is not None and fanout not in self._fanout_known:
+            self._fanout_known = self.member.partitions(r.topic)  # partitions may have been added
+        if fanout is None or fanout not in self._fanout_known:
+            self.on_message(f"{r.topic} partition {r.partition} offset {r.offset}: header {FANOUT_HEADER} "
+                            f"{value[:40]!r} names no partition of the topic; this copy is stored")
+            return None
+        return fanout
 
     def close(self) -> None:
         """Leaves the group; waits for alerts in flight."""
