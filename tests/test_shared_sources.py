@@ -97,3 +97,40 @@ def test_the_sink_names_each_file_two_collectors_publish_and_stores_its_lines_on
     assert shared[0].startswith((f"{logs / 'job-a' / 'rank0.log'} (source ", f"{logs / 'job-a' / 'rank1.log'} (source "))
     assert f"two collectors, {ids[0]} and {ids[1]}:" in shared[0]
     assert "ckptwatch_sources_shared_total 2.0" in metrics.exposition()
+
+
+def test_a_second_collector_that_starts_after_a_sink_restart_is_named(kafka_bootstrap, tmp_path):
+    """Found by a fresh user: the first collector published in one sink session, the second
+    in the next; the second sink had never seen the first collector and said nothing. The
+    first collector of each source is kept in the sink's ``sources`` table."""
+    cfg = fresh_config(kafka_bootstrap, tmp_path, partitions=1)
+    ensure_topics(cfg.kafka)
+    logs = tmp_path / "logs" / "job-a"
+    logs.mkdir(parents=True)
+    for name, text in failing_save("job-a").items():
+        (logs / name).write_text(text)
+    ids, said = [], []
+    for ckpt in ("one.json", "two.json"):
+        c = dataclasses.replace(cfg, collect=dataclasses.replace(cfg.collect, paths=[str(logs)],
+                                                                checkpoint=str(tmp_path / ckpt)))
+        collector = Collector(c, rules=RuleSet.load(), template=compile_template("{job}/rank{rank}.log"))
+        try:
+            collector.step(final=True)
+            ids.append(collector.collector_id)
+        finally:
+            collector.close()
+        store = Store(cfg.sink.db)  # a sink session per collector, on the same database
+        sink = SinkMember(cfg, store, poll_timeout=0.2, on_message=said.append)
+        try:
+            deadline = time.monotonic() + 60
+            while sink.stats.events_received < 8:
+                sink.step()
+                assert time.monotonic() < deadline, f"the sink stopped at {sink.stats}"
+            kept = store.con.execute("SELECT DISTINCT collector FROM sources").fetchall()
+        finally:
+            sink.close()
+            store.close()
+        assert kept == [(ids[0],)]  # the first collector stays the one kept
+    shared = [m for m in said if "followed by two collectors" in m]
+    assert len(shared) == 1 and f"two collectors, {ids[0]} and {ids[1]}:" in shared[0]
+    assert sink.stats.sources_shared == 2

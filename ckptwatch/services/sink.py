@@ -119,6 +119,7 @@ class SinkMember:
         self.shared_sources = SharedSources()  # which collector publishes each file
         self._quiet_due = 0.0  # monotonic time of the next look for offsets lost from a quiet partition
         self._fanout_known: set[int] = set()  # partitions of the events topic, as last looked up
+        self._claimed: dict[str, str | None] = {}  # the batch's sources -> the collector kept for each
         self._outage = Outage(k.bootstrap_servers, self.on_message)
         self.member = GroupMember(k, config.sink.group, [k.events_topic, k.incidents_topic], client_id="ckptwatch-sink",
                                   on_assigned=self._assigned, on_revoked=self._revoked, on_wait=self.on_message)
@@ -286,7 +287,8 @@ class SinkMember:
         done = {(tp.topic, tp.partition): off for tp, off in offsets.items()}
         with self.store.transaction():
             added, written = self.store.commit_kafka_batch(events, incidents.values(), done, floors, unfloored,
-                                                           files=files)
+                                                           files=files, collectors={
+                                                               s: c for s, c in self._claimed.items() if c})
             if self.alerter:
                 self.alerter.notify(incidents.values())
         self._stored.update(done)
@@ -310,6 +312,7 @@ class SinkMember:
         floors: dict[str, int] = {}
         floored: list[bool] = []
         files: dict[str, tuple[str, str | None]] = {}
+        claims: list[tuple[str, dict[str, str]]] = []  # (collector, the sources it named)
         for r in records:
             headers = dict(r.headers or ())
             if FANOUT_HEADER in headers:
@@ -328,16 +331,33 @@ class SinkMember:
                 try:
                     host, named, collector = decode_sources(headers[SOURCES_HEADER])
                     files.update((sid, (path, host or None)) for sid, path in named.items())
-                    for shared in self.shared_sources.published(collector, named):
-                        self.stats.sources_shared += 1
-                        self.metrics.sources_shared.inc()
-                        if shared.new_pair:  # one line per pair of collectors, the rest counted
-                            self.on_message(shared.message())
+                    if collector is not None:
+                        claims.append((collector, named))
                 except DecodeError as e:  # the events are stored all the same, their files unnamed
                     self.on_message(f"{r.topic} partition {r.partition} offset {r.offset}: {e}; ignored")
             keep.append(r)
             floored.append(given)
+        self._collectors(claims)
         return keep, floors, floored, files
+
+    def _collectors(self, claims: list[tuple[str, dict[str, str]]]) -> None:
+        """Note which collector published each source (``claims``, in message order): the
+        first one of a source, looked up in the database when this process has not seen it
+        (it may have been published before a restart), is kept there by the next commit. A
+        source published by another collector is said (once per pair of collectors), and
+        counted (``ckptwatch_sources_shared_total``)."""
+        self._claimed = {}
+        if not claims:
+            return
+        seen = {sid for _, named in claims for sid in named}
+        self.shared_sources.learn(self.store.collectors_of(self.shared_sources.unknown(seen)))
+        for collector, named in claims:
+            for shared in self.shared_sources.published(collector, named):
+                self.stats.sources_shared += 1
+                self.metrics.sources_shared.inc()
+                if shared.new_pair:  # one line per pair of collectors, the rest counted
+                    self.on_message(shared.message())
+        self._claimed = {sid: self.shared_sources.collector_of(sid) for sid in seen}
 
     def _fanout(self, r: ConsumerRecord, value: bytes) -> int | None:
         """The partition whose copy of a host event is stored, as ``r``'s

@@ -91,6 +91,7 @@ CREATE TABLE IF NOT EXISTS sources (
     head_hash VARCHAR);
 ALTER TABLE sources ADD COLUMN IF NOT EXISTS head_hash VARCHAR;
 ALTER TABLE sources ADD COLUMN IF NOT EXISTS followed BOOLEAN DEFAULT TRUE;
+ALTER TABLE sources ADD COLUMN IF NOT EXISTS collector VARCHAR;
 CREATE TABLE IF NOT EXISTS incidents (
     id VARCHAR PRIMARY KEY, kind VARCHAR, severity VARCHAR, status VARCHAR, job VARCHAR, step BIGINT,
     checkpoint_path VARCHAR, root_cause_class VARCHAR, root_rank INTEGER, root_host VARCHAR, root_pid BIGINT,
@@ -871,7 +872,8 @@ class Store:
                            offsets: Mapping[tuple[str, int], int],
                            floors: Mapping[str, int] | None = None,
                            unfloored: Iterable[str] = (),
-                           files: Mapping[str, tuple[str, str | None]] | None = None) -> tuple[int, int]:
+                           files: Mapping[str, tuple[str, str | None]] | None = None,
+                           collectors: Mapping[str, str] | None = None) -> tuple[int, int]:
         """Events, incidents and the Kafka offsets ``(topic, partition) -> next offset`` they
         were read up to, in one transaction: the database says itself how far it is, so a
         new database file re-reads the topics from their start and a crash re-reads only
@@ -879,7 +881,9 @@ class Store:
         messages carried; ``unfloored``: sources with events in a message that carried none
         (:mod:`ckptwatch.sinks.stored_offsets`); ``files``: ``source_id`` -> ``(path, host)``
         where the collector read it (recorded in ``sources``, first, so the incidents'
-        evidence in the same batch names its file). Returns (new events, incidents written)."""
+        evidence in the same batch names its file); ``collectors``: ``source_id`` -> the
+        collector that published it, kept for a source that has none yet (a source named in
+        ``files``). Returns (new events, incidents written)."""
         now = dt.datetime.now(dt.timezone.utc)
         floors = dict(floors or {})
         named = [(sid, path, host, now) for sid, (path, host) in (files or {}).items()
@@ -901,9 +905,24 @@ class Store:
                 self._insert_rows("INSERT OR REPLACE INTO source_floors SELECT * FROM arrow",
                                   [(sid, f, now) for sid, f in floors.items()],
                                   {"source_id": pl.Utf8, "floor": pl.Int64, "updated_ts": pl.Datetime("us", "UTC")})
+            if collectors:  # the first collector that published each source keeps it
+                self._insert_rows(
+                    "UPDATE sources SET collector = arrow.collector FROM arrow "
+                    "WHERE sources.source_id = arrow.source_id AND sources.collector IS NULL",
+                    list(collectors.items()), {"source_id": pl.Utf8, "collector": pl.Utf8})
             self._stored_offsets().stored(new, floors)
         self._sources_written.update((sid, (path, host)) for sid, path, host, _ in named)
         return new.height, n
+
+    def collectors_of(self, source_ids: Iterable[str]) -> dict[str, str]:
+        """The collector (``host:offsets file``) recorded as the first to publish each of
+        ``source_ids`` (fleet sink; see :mod:`ckptwatch.sinks.shared_sources`); sources
+        without one are left out."""
+        ids = list(source_ids)
+        if not ids:
+            return {}
+        return dict(self.con.execute("SELECT source_id, collector FROM sources WHERE collector IS NOT NULL "
+                                     "AND list_contains(?, source_id)", [ids]).fetchall())
 
 
 def _sql_text(text: str) -> str:

@@ -13,13 +13,14 @@ any copy is made: every events message names the collector that read it and the 
 its sources (:data:`ckptwatch.kafka.codec.SOURCES_HEADER`).
 
 :class:`SharedSources` remembers which collector published each source and reports a
-source published by a second one.
+source published by a second one; the sink keeps each source's first collector in its
+``sources`` table, so a second collector that starts after a sink restart is found too.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 #: sources remembered (the newest published); a source forgotten and published again by the
@@ -57,6 +58,20 @@ class SharedSources:
         self._reported: dict[str, set[str]] = {}  # source -> the other collectors reported for it
         self._pairs: set[tuple[str, str]] = set()  # pairs of collectors found sharing a file
 
+    def unknown(self, source_ids: Iterable[str]) -> list[str]:
+        """The ``source_ids`` this object holds no collector for (to look up in the store)."""
+        return [sid for sid in source_ids if sid not in self._by]
+
+    def learn(self, collectors: Mapping[str, str]) -> None:
+        """Sources' first collectors as recorded before (the store's ``sources.collector``)."""
+        for sid, collector in collectors.items():
+            self._by.setdefault(sid, collector)
+        self._trim()
+
+    def collector_of(self, source_id: str) -> str | None:
+        """The first collector known to have published ``source_id``."""
+        return self._by.get(source_id)
+
     def published(self, collector: str | None, files: Mapping[str, str]) -> list[SharedSource]:
         """Note that ``collector`` published the sources ``files`` (``source_id`` -> path).
         Returns those another collector published before, each source once for each pair of
@@ -77,7 +92,10 @@ class SharedSources:
                 continue  # the first publisher keeps it: one report per pair, not one per message
             self._by[sid] = collector
             self._by.move_to_end(sid)
+        self._trim()
+        return found
+
+    def _trim(self) -> None:
         while len(self._by) > self._max:
             sid, _ = self._by.popitem(last=False)
             self._reported.pop(sid, None)
-        return found
