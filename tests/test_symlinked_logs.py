@@ -40,6 +40,8 @@ def layout(tmp_path: Path) -> tuple[Path, Path]:
     (logs / "shadow.log").symlink_to(outside / "secret.log")
     (logs / "a-current.log").symlink_to("rank1.log")  # listed before its target
     (logs / "sub" / "again.log").symlink_to("../rank1.log")
+    (logs / "etc").symlink_to(outside)  # a directory leading out (the second attack round: skipped in silence)
+    (logs / "sub-again").symlink_to("sub")  # and one inside: its target is walked anyway
     return logs, real
 
 
@@ -49,9 +51,12 @@ def test_run_once_does_not_read_a_symlink_leading_out_and_says_so_once(tmp_path)
     out = subprocess.run([sys.executable, "-m", "ckptwatch", "run", "--logs", str(logs), "--db", str(db), "--once"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    warned = [line for line in out.stderr.splitlines() if "shadow.log" in line]
-    assert warned == [f"warning: {logs / 'shadow.log'}: a symbolic link to {tmp_path / 'outside' / 'secret.log'}, "
-                      "outside the watched paths; not read"]
+    warned = [line for line in out.stderr.splitlines() if "symbolic link" in line]
+    assert sorted(warned) == [
+        f"warning: {logs / 'etc'}: a symbolic link to the directory {tmp_path / 'outside'}, outside the watched paths; "
+        "not read",
+        f"warning: {logs / 'shadow.log'}: a symbolic link to {tmp_path / 'outside' / 'secret.log'}, "
+        "outside the watched paths; not read"]
     with duckdb.connect(str(db), read_only=True) as con:
         events = con.execute("SELECT line FROM events").fetchall()
         files = [f for (f,) in con.execute("SELECT file FROM sources").fetchall()]
@@ -74,15 +79,19 @@ def test_a_live_watcher_reads_a_link_inside_once_under_its_own_name_and_never_th
         records = pl.concat(got)
         assert records["line"].to_list() == [save_line(1).rstrip("\n"), save_line(2).rstrip("\n")], mode
         assert set(records["file"]) == {str(real)}
-        assert w.stats.errors == [f"{logs / 'shadow.log'}: a symbolic link to {tmp_path / mode / 'outside' / 'secret.log'}, "
-                                  "outside the watched paths; not read"]
+        out_dir = ([f"{logs / 'etc'}: a symbolic link to the directory {tmp_path / mode / 'outside'}, outside the "
+                    "watched paths; not read"] if mode == "directory" else [])  # a pattern matches files only
+        assert sorted(w.stats.errors) == out_dir + [
+            f"{logs / 'shadow.log'}: a symbolic link to {tmp_path / mode / 'outside' / 'secret.log'}, "
+            "outside the watched paths; not read"]
 
 
 def test_discovery_roots_and_named_links(tmp_path):
     logs, real = layout(tmp_path)
     found = discovery.discover([str(logs)])
-    assert [(f.path, f.error is None) for f in found] == [(str(logs / "rank1.log"), True),
-                                                          (str(logs / "shadow.log"), False)]
+    assert sorted((f.path, f.error is None) for f in found) == [(str(logs / "etc"), False),
+                                                                 (str(logs / "rank1.log"), True),
+                                                                 (str(logs / "shadow.log"), False)]
     # a link named on the command line is the user's choice: read; and a second watched root
     # makes the target inside
     assert [f.real for f in discovery.discover([str(logs / "shadow.log")])] == [str(tmp_path / "outside" / "secret.log")]

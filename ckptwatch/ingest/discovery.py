@@ -71,7 +71,7 @@ def discover(paths: Iterable[str], *, archives: bool = False, dirs: list[str] | 
                 dirs.append(os.path.dirname(p) or os.curdir)
         elif os.path.isdir(p):
             listed: list[Found] = []  # archives and listing errors
-            _walk(p, os.path.realpath(p), skip, candidates, listed, dirs)
+            _walk(p, os.path.realpath(p), skip, candidates, listed, dirs, roots)
             found += [(f, False) for f in listed]
         elif any(c in p for c in "*?["):  # an existing path is taken literally, even with these
             candidates = [(m, os.path.realpath(m), os.path.islink(m))
@@ -144,11 +144,12 @@ def _pattern_dirs(pattern: str) -> list[str]:
 
 
 def _walk(top: str, real: str, skip: tuple[str, ...], candidates: list, out: list[Found],
-          dirs: list[str] | None = None) -> None:
+          dirs: list[str] | None = None, roots: Iterable[str] = ()) -> None:
     """Append ``(path, real path, is a symlink)`` of the files under directory ``top`` (real
     path ``real``) to ``candidates``, as ``os.walk`` would list them (sorted, a directory's
     files before its subdirectories', hidden names and symlinked directories left out), and
-    archives and listing errors to ``out``. A plain file's real path is its directory's joined with its
+    archives, listing errors and symlinked directories that lead out of ``roots`` (not
+    walked, said) to ``out``. A plain file's real path is its directory's joined with its
     name: no ``realpath`` (an ``lstat`` per path component) for each of 10,000 rank files."""
     try:
         with os.scandir(top) as it:
@@ -169,8 +170,12 @@ def _walk(top: str, real: str, skip: tuple[str, ...], candidates: list, out: lis
             if e.is_dir(follow_symlinks=False):
                 subdirs.append(e)
                 continue
-            if link and e.is_dir():
-                continue  # a symlinked directory is not walked
+            if link and e.is_dir():  # a symlinked directory is not walked; said when it leads out
+                target = os.path.realpath(e.path)
+                if roots and not _under(target, roots):
+                    out.append(Found(e.path, f"a symbolic link to the directory {target}, outside the watched paths; "
+                                             "not read"))
+                continue
         except OSError:
             continue
         if e.name.endswith(skip):
@@ -179,7 +184,7 @@ def _walk(top: str, real: str, skip: tuple[str, ...], candidates: list, out: lis
             continue
         candidates.append((e.path, os.path.realpath(e.path) if link else os.path.join(real, e.name), link))
     for d in subdirs:
-        _walk(d.path, os.path.join(real, d.name), skip, candidates, out, dirs)
+        _walk(d.path, os.path.join(real, d.name), skip, candidates, out, dirs, roots)
 
 
 def covers(paths: Iterable[str], path: str, *, archives: bool = False) -> bool:
