@@ -193,7 +193,8 @@ def lost_while_quiet(gaps: OffsetGaps, member: GroupMember, topic: str, *, who: 
     record to show it: each one's expected offset against its log start offset, asked of the
     broker (one request). Call it when a poll came back empty (at most every few seconds),
     so a sink restarted after retention emptied a partition says so before anything new is
-    published. An unanswered request finds nothing (the next call asks again)."""
+    published. Raises what :func:`broker_away` recognizes when the broker does not answer:
+    the caller waits it out, as for a poll."""
     parts = [tp for tp in gaps.waiting() if tp.topic == topic and tp in member.assignment()]
     starts = member.log_starts(parts) if parts else {}
     return _said(gaps.behind(starts), who=who, consequence=consequence)
@@ -293,12 +294,18 @@ class GroupMember:
         except KafkaError:
             return set()
 
-    def log_starts(self, partitions: Iterable[TopicPartition], timeout: float = 5.0) -> dict[TopicPartition, int]:
+    def log_starts(self, partitions: Iterable[TopicPartition], timeout: float = 2.0) -> dict[TopicPartition, int]:
         """Each partition's log start offset (the first offset retention left), asked of the
-        broker; empty when it does not answer within ``timeout`` seconds."""
+        broker. Raises what :func:`broker_away` recognizes when the broker does not answer
+        within ``timeout`` seconds (so an idle consumer notices an outage too); empty for any
+        other refusal."""
         try:
             return dict(self._consumer.beginning_offsets(list(partitions), timeout_ms=int(timeout * 1000)))
-        except (KafkaError, ValueError):  # kafka-python raises KafkaTimeoutError, or ValueError for no leader
+        except KafkaError as e:
+            if broker_away(e):
+                raise
+            return {}
+        except ValueError:  # kafka-python's answer for a partition without a leader
             return {}
 
     def seek_to_beginning(self, partitions: Iterable[TopicPartition]) -> None:
