@@ -80,7 +80,7 @@ def _version(value: bool) -> None:
     if value:
         from ckptwatch import __version__
 
-        Console(highlight=False).print(f"ckptwatch {__version__}")
+        Console(emoji=False, highlight=False).print(f"ckptwatch {__version__}")
         raise typer.Exit()
 
 
@@ -89,7 +89,7 @@ def _main(version: Annotated[bool, typer.Option("--version", callback=_version, 
                                                 help="Print the version and exit.")] = False) -> None:
     """Find interrupted, partial and poisoned checkpoints in ML training logs."""
 
-_err = Console(stderr=True, highlight=False)
+_err = Console(stderr=True, emoji=False, highlight=False)
 
 CheckpointRootOpt = Annotated[list[str] | None, typer.Option(
     "--checkpoint-root", help="Verify each new checkpoint directory under this one once it stops changing "
@@ -212,7 +212,7 @@ def diagnose_cmd(
         sys.stdout.write(report.render_json(incidents, summary) + "\n")
         warnings = [*summary["errors"], *summary["warnings"]]
     else:  # the report (its advice on labels included) on standard output, input problems on standard error
-        report.render_text(incidents, Console(highlight=False, soft_wrap=True), {**summary, "errors": []})
+        report.render_text(incidents, Console(emoji=False, highlight=False, soft_wrap=True), {**summary, "errors": []})
         warnings = summary["errors"]
     for msg in warnings:
         _err.print(f"[yellow]warning:[/yellow] {escape(msg)}", soft_wrap=True)
@@ -391,7 +391,7 @@ def _alerter(cfg: Config, db: str) -> Callable[[Store, Metrics], Alerter]:
     """The alerter factory of ``run`` / ``sink``: channels of ``[alerts]`` (plus the console)."""
     from ckptwatch.sinks.alerts.setup import alerter_from_config
 
-    console = Console(highlight=False, soft_wrap=True)
+    console = Console(emoji=False, highlight=False, soft_wrap=True)
     return lambda store, metrics: alerter_from_config(cfg.alerts, store, db_path=db, metrics=metrics, say=_say,
                                                       console=console)
 
@@ -705,7 +705,7 @@ def rules_check(
         _err.print(f"[red]broken:[/red] {escape(str(e))}", soft_wrap=True)
     if errors:
         raise typer.Exit(1)
-    Console(highlight=False).print(f"{n} rules OK")
+    Console(emoji=False, highlight=False).print(f"{n} rules OK")
 
 
 @rules_app.command("list")
@@ -713,7 +713,7 @@ def rules_list() -> None:
     """List the loaded rules: id, event kind, file."""
     from ckptwatch.rules import RuleSet
 
-    console = Console(highlight=False)
+    console = Console(emoji=False, highlight=False)
     for r in RuleSet.load().rules:
         console.print(f"{r.id:<42} {r.event:<20} {os.path.basename(r.file)}")
 
@@ -786,7 +786,7 @@ def silence_add(
         raise _fail(str(e)) from None
     except OSError as e:
         raise _fail(f"{sf.path}: {e.strerror or e}") from None
-    Console(highlight=False).print(f"{s.id}  until {s.expires:%Y-%m-%d %H:%M:%S} UTC  "
+    Console(emoji=False, highlight=False).print(f"{s.id}  until {s.expires:%Y-%m-%d %H:%M:%S} UTC  "
                                    + escape(" ".join(f"{k}={v}" for k, v in s.matchers.items())))
 
 
@@ -804,7 +804,7 @@ def silence_list(
     except AlertConfigError as e:
         raise _fail(str(e)) from None
     now = dt.datetime.now(dt.timezone.utc)
-    console = Console(highlight=False, soft_wrap=True)
+    console = Console(emoji=False, highlight=False, soft_wrap=True)
     shown = sorted((s for s in items if show_all or s.active(now)), key=lambda s: s.expires)
     if not shown:
         where = f"{sf.path}" if os.path.exists(sf.path) else f"{sf.path}, which does not exist: wrong --db?"
@@ -831,7 +831,7 @@ def silence_expire(
         s = sf.expire(silence_id)
     except AlertConfigError as e:
         raise _fail(str(e)) from None
-    Console(highlight=False).print(f"{s.id} expired at {s.expires:%Y-%m-%d %H:%M:%S} UTC")
+    Console(emoji=False, highlight=False).print(f"{s.id} expired at {s.expires:%Y-%m-%d %H:%M:%S} UTC")
 
 
 def main() -> None:

@@ -32,8 +32,8 @@ from ckptwatch.config import Config
 from ckptwatch.simulate import FAILURES, FleetSpec, check_out, generate, score
 from ckptwatch.simulate_live import write_live
 
-_out = Console(highlight=False, soft_wrap=True)  # commands stay on one line to paste
-_err = Console(stderr=True, highlight=False, soft_wrap=True)
+_out = Console(emoji=False, highlight=False, soft_wrap=True)  # commands stay on one line to paste
+_err = Console(stderr=True, emoji=False, highlight=False, soft_wrap=True)
 
 
 def simulate_cmd(

@@ -57,3 +57,16 @@ def test_errors_about_a_pasted_log_name_stdin(tmp_path):
     out = cli("diagnose", "-", tmp_path / "a.log", stdin=b"\x00\x01")
     assert out.returncode == 0, out.stderr
     assert "warning: <stdin>: binary data" in out.stderr and "ckptwatch-stdin-" not in out.stdout + out.stderr
+
+
+def test_log_text_is_printed_as_written_never_as_emoji(tmp_path):
+    """``:cat:`` in a log line came out as an emoji in every report (rich's emoji codes were
+    on), and rich imported its emoji table lazily at the first print, which failed under a
+    tiny open-file limit (the second attack round: a traceback from the snapshot thread)."""
+    (tmp_path / "rank0.log").write_text("2026-11-30T10:00:01Z rank0: OSError: [Errno 28] No space left on device "
+                                        ":cat: :100: while saving checkpoint /ckpt/j/step_10\n")
+    out = subprocess.run([sys.executable, "-m", "ckptwatch", "diagnose", str(tmp_path)], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 1, out.stderr  # an incident found
+    assert "No space left on device :cat: :100: while saving" in out.stdout
+    assert "\U0001f431" not in out.stdout and "\U0001f4af" not in out.stdout

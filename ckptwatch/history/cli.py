@@ -43,8 +43,8 @@ from ckptwatch.sinks.redact import RedactionError, Redactor
 #: a table piped to a file or a pager keeps its width (rich would cut it to 80 columns)
 T = TypeVar("T")
 
-_out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 240)
-_err = Console(stderr=True, highlight=False, soft_wrap=True)
+_out = Console(emoji=False, highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 240)
+_err = Console(stderr=True, emoji=False, highlight=False, soft_wrap=True)
 
 incidents_app = typer.Typer(no_args_is_help=True, help="Incident history: list, show and export past incidents "
                                                        "(also while run or sink writes the database).")
@@ -263,7 +263,7 @@ def export_cmd(out: Annotated[str, typer.Argument(help="File to write (.parquet 
 def report_text(inc: Incident) -> str:
     """The text report of ``inc`` as ``diagnose`` prints it, without colour."""
     buf = io.StringIO()
-    report.render_text([inc], Console(file=buf, width=160, highlight=False, color_system=None, soft_wrap=True))
+    report.render_text([inc], Console(file=buf, width=160, emoji=False, highlight=False, color_system=None, soft_wrap=True))
     return buf.getvalue()
 
 

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 #: Below this many bytes no progress bar is drawn (it would only flicker).
 PROGRESS_MIN_BYTES = 64 << 20
 
-_err = Console(stderr=True, highlight=False)
+_err = Console(stderr=True, emoji=False, highlight=False)
 _HASHED_NOW = "hashed now"  # the tool of a diff operand's in-memory manifest
 _STYLE = {"ok": "green", "unverifiable": "yellow", "incomplete": "red", "corrupt": "bold red"}
 
@@ -161,7 +161,7 @@ def manifest_create(
     for f in problems:
         _err.print(f"[yellow]warning:[/yellow] [{_STYLE[f.verdict]}]{f.verdict}[/] {escape(f.path)}: "
                    f"{escape(f.problem)}: {escape(f.detail)}", soft_wrap=True)
-    Console(highlight=False, soft_wrap=True).print(
+    Console(emoji=False, highlight=False, soft_wrap=True).print(
         escape(f"wrote {manifest_path(s.root)}: {_manifest_summary(m)}; {s.seconds:.2f} s"))
     if problems:
         _err.print(f"[yellow]the checkpoint already fails {len(problems)} check(s): the manifest records it as it "
@@ -223,7 +223,7 @@ def manifest_diff(
     if as_json:
         sys.stdout.write(json.dumps(d.to_json(), indent=1) + "\n")
         raise typer.Exit(0 if d.same else 1)
-    out = Console(highlight=False, soft_wrap=True)
+    out = Console(emoji=False, highlight=False, soft_wrap=True)
     for p in d.hash_changed:
         out.print(f"[red]hash changed[/red]  {escape(p)}  ({_size(ma.files[p].size)}, sha256 "
                   f"{ma.files[p].sha256[:12]}... -> {mb.files[p].sha256[:12]}...)")
@@ -309,7 +309,7 @@ def verify_cmd(
     if as_json:
         sys.stdout.write(json.dumps(report.to_json(), indent=1) + "\n")
     else:
-        render_text(report, Console(highlight=False, soft_wrap=True), show_all=show_all)
+        render_text(report, Console(emoji=False, highlight=False, soft_wrap=True), show_all=show_all)
     raise typer.Exit(0 if report.verdict == "ok" else 1)
 
 

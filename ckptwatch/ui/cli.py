@@ -26,7 +26,7 @@ from rich.markup import escape
 from ckptwatch import config as config_mod
 from ckptwatch.ui.server import DEFAULT_PORT
 
-_err = Console(stderr=True, highlight=False, soft_wrap=True)
+_err = Console(stderr=True, emoji=False, highlight=False, soft_wrap=True)
 
 
 #: the environment variable holding the console's token

@@ -32,7 +32,7 @@ class ConsoleChannel:
 
     def __init__(self, name: str, *, redactor: Redactor, console: Console | None = None) -> None:
         self.name, self.redactor = name, redactor
-        self.console = console or Console(highlight=False, soft_wrap=True)
+        self.console = console or Console(emoji=False, highlight=False, soft_wrap=True)
         self._lock = threading.Lock()  # deliveries run on worker threads: one report at a time
 
     def silenced(self, inc: Incident, silence: Silence) -> None:
