@@ -351,8 +351,14 @@ class JobState:
     rank_pid: dict[int, int] = field(default_factory=dict)
     rank_host: dict[int, str] = field(default_factory=dict)
     local_to_rank: dict[tuple[str | None, int], int] = field(default_factory=dict)
-    #: newest event time of the job (UTC), never past the wall clock by more than a day
+    #: newest event time of the job (UTC), never past the wall clock by more than a day; of
+    #: the events dated by a line of their own (or inheriting one's time) when there are any,
+    #: else of those dated by their file's mtime (see :meth:`_clock`)
     max_ts: dt.datetime | None = None
+    #: newest event time dated by a file's mtime, not by a line (a file copied today, a paste
+    #: without times): the job's clock only while no line has dated one of its events
+    _max_mtime_ts: dt.datetime | None = None
+    _line_dated: bool = False
     #: wall time (UTC) the job's last event arrived: its watermark moves on with wall time after it
     last_arrival: dt.datetime | None = None
     #: the job's loss curve: (time UTC, step, loss) of the lowest rank that logs losses, in arrival order
@@ -410,11 +416,31 @@ class JobState:
     def __post_init__(self) -> None:
         self._payloads.job = self.job
 
+    def _clock(self, ts: dt.datetime, by_mtime: bool, ts_limit: dt.datetime | None) -> None:
+        """Move the job's clock (:attr:`max_ts`) to ``ts`` (UTC) if later, unless past
+        ``ts_limit``. A time ``by_mtime`` (the file's mtime stood in for a line's own) counts
+        only while no line has dated an event of the job: a file copied today, or a tool's
+        time-less output beside dated logs, must not age the job's saves past its own dated
+        lines (issue 36, item 8: a week-old mtime turned a clean job's last save into a
+        ``stalled_save``)."""
+        if ts_limit is not None and ts > ts_limit:
+            return
+        if by_mtime:
+            if self._max_mtime_ts is None or ts > self._max_mtime_ts:
+                self._max_mtime_ts = ts
+            if self._line_dated:
+                return
+        elif not self._line_dated:
+            self._line_dated = True
+            if self._max_mtime_ts is not None and self.max_ts is not None and self.max_ts <= self._max_mtime_ts:
+                self.max_ts = None  # the mtimes seen so far were only standing in
+        if self.max_ts is None or ts > self.max_ts:
+            self.max_ts = ts
+
     def add(self, ev: Ev, *, ts_limit: dt.datetime | None = None) -> bool:
         """Record ``ev``; False if it was already known (same dedup key). An event time past
         ``ts_limit`` (UTC) does not move ``max_ts`` (a clock far ahead)."""
-        if (self.max_ts is None or ev.ts > self.max_ts) and (ts_limit is None or ev.ts <= ts_limit):
-            self.max_ts = ev.ts
+        self._clock(ev.ts, ev.ts_source == "mtime", ts_limit)
         self._learn(ev)
         if ev.kind == "metric":
             rank = self.rank_of(ev)
@@ -500,9 +526,11 @@ class JobState:
         rows = rows.with_columns(_us=pl.col("ts").dt.epoch("us"), _i=pl.int_range(pl.len()))
         dated = rows if limit_us is None else rows.filter(pl.col("_us") <= limit_us)
         if not dated.is_empty():
-            newest = from_us(dated["_us"].max())
-            if self.max_ts is None or newest > self.max_ts:
-                self.max_ts = newest
+            by_mtime = dated["ts_source"] == "mtime" if "ts_source" in dated.columns else None
+            for mtime, part in ((False, dated if by_mtime is None else dated.filter(~by_mtime)),
+                                (True, dated.filter(by_mtime) if by_mtime is not None else dated.clear())):
+                if not part.is_empty():
+                    self._clock(from_us(part["_us"].max()), mtime, None)
             for sid, us in dated.group_by("source_id").agg(pl.col("_us").max()).iter_rows():
                 ts, known = from_us(us), self.sources.get(sid)
                 self.sources[sid] = (ts if known is None or ts > known[0] else known[0], arrival)
