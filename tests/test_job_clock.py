@@ -41,3 +41,14 @@ def test_a_job_dated_only_by_mtimes_keeps_that_clock(tmp_path):
     os.utime(tmp_path / "later.log", (t0 + 3600, t0 + 3600))
     incidents, _ = diagnose([str(tmp_path)])
     assert [(i.kind, i.step) for i in incidents] == [("stalled_save", 100)]
+
+
+def test_a_line_dated_2100_in_an_unrelated_file_does_not_age_the_jobs_saves(tmp_path):
+    (tmp_path / "train.log").write_text(TRAIN)
+    other = tmp_path / "other.log"
+    other.write_text("2100-01-01 00:00:00 world_size: 8\n")  # not believed: no time of its own
+    week_later = time.mktime((2026, 12, 7, 12, 0, 0, 0, 0, 0))
+    os.utime(other, (week_later, week_later))
+    incidents, stats = diagnose([str(tmp_path)])
+    assert [(i.kind, i.step) for i in incidents] == []
+    assert [step for _, step, _ in stats.open_saves] == [200]
