@@ -431,8 +431,10 @@ def decode_incident(value: bytes | None) -> Incident:
         raise DecodeError("a tombstone (no value), not an incident")
     try:
         d = json.loads(value)
-    except (ValueError, TypeError, RecursionError):
-        raise DecodeError(f"not JSON (or nested too deep): {value[:80]!r}") from None
+    except (ValueError, TypeError):
+        raise DecodeError(f"not JSON: {value[:80]!r}") from None
+    except RecursionError:
+        raise DecodeError(f"JSON nested too deep: {value[:80]!r}") from None
     try:
         inc = Incident.from_dict(d)
     except KeyError as e:
