@@ -269,3 +269,35 @@ def test_a_fanout_header_naming_no_partition_stores_its_copy_and_says_so(kafka_b
     assert [n.split(": ", 1)[1] for n in said if "names no partition" in n] == [
         f"header {codec.FANOUT_HEADER} {v!r} names no partition of the topic; this copy is stored"
         for v in (b"-1", b"99", b"abc")]
+
+
+def test_the_third_attack_rounds_shapes_are_bad_messages_not_crash_loops():
+    """Each of these passed the codec and then stopped a detector or the sink on every
+    restart (OverflowError, AttributeError, DuckDB's surrogate refusal, TypeError), or broke
+    ``incidents show``, exports and the console later (RecursionError, a float command)."""
+    from alert_support import sigkill_incident
+
+    good = sigkill_incident().to_dict()
+    deep: object = {"x": 1}
+    for _ in range(700):
+        deep = {"d": deep}
+    for value, words in [
+        ({**good, "remediation": "a\ud800"}, "lone surrogate"),
+        ({**good, "root_cause": {**good["root_cause"], "line": "x\udfff"}}, "lone surrogate"),
+        ({**good, "checkpoint_state": deep}, "nested deeper than 32"),
+        ({**good, "commands": [{"purpose": "p", "command": "c", "framework": [[[[1]]]], "source": 1e308}]},
+         r"commands\[0\]"),
+    ]:
+        with pytest.raises(codec.DecodeError, match=words):
+            codec.decode_incident(json.dumps(value).encode())
+    fact = {"job": "j", "step": 40, "path": "/ckpt/j/iter_0000040", "complete": True,
+            "first_ts": "2026-12-07T18:27:17+00:00", "world_size": 4, "losses": [], "missing": []}
+    assert codec.decode_save_fact(json.dumps(fact).encode()).step == 40
+    for change in ({"step": 1e400}, {"step": -1e400}, {"world_size": 1e400}, {"missing": [1e400]},
+                   {"world_size": 2**70}, {"path": 123}, {"path": ["a"]},
+                   {"losses": [["2026-12-07T18:27:17+00:00", 1e400, 1.0]]}):
+        with pytest.raises(codec.DecodeError):
+            codec.decode_save_fact(json.dumps({**fact, **change}).encode())
+    for decode in (codec.decode_floors, codec.decode_sources):  # a header without a value
+        with pytest.raises(codec.DecodeError):
+            decode(None)

@@ -142,10 +142,11 @@ def encode_sources(host: str, files: dict[str, str], collector: str | None = Non
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
-def decode_sources(value: bytes) -> Sources:
-    """Inverse of :func:`encode_sources`. Raises DecodeError for anything but that shape."""
+def decode_sources(value: bytes | None) -> Sources:
+    """Inverse of :func:`encode_sources`. Raises DecodeError for anything but that shape
+    (a header without a value too)."""
     try:
-        doc = json.loads(value)
+        doc = json.loads(value) if value is not None else None
     except (ValueError, RecursionError):  # RecursionError: nested deeper than Python's stack
         doc = None
     files = doc.get("files") if isinstance(doc, dict) else None
@@ -153,7 +154,8 @@ def decode_sources(value: bytes) -> Sources:
     collector = doc.get("collector") if isinstance(doc, dict) else None
     if (not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items())
             or not (host is None or isinstance(host, str)) or not (collector is None or isinstance(collector, str))):
-        raise DecodeError(f"header {SOURCES_HEADER} is not {{\"host\": ..., \"files\": {{id: path}}}}: {value[:80]!r}")
+        raise DecodeError(f"header {SOURCES_HEADER} is not {{\"host\": ..., \"files\": {{id: path}}}}: "
+                          f"{(value or b'')[:80]!r}")
     return Sources(host, files, collector)
 
 
@@ -162,16 +164,16 @@ def encode_floors(floors: dict[str, int]) -> bytes:
     return json.dumps(floors, separators=(",", ":")).encode()
 
 
-def decode_floors(value: bytes) -> dict[str, int]:
+def decode_floors(value: bytes | None) -> dict[str, int]:
     """Inverse of :func:`encode_floors`. Raises DecodeError for anything but an object of
     integers."""
     try:
-        floors = json.loads(value)
+        floors = json.loads(value) if value is not None else None
     except (ValueError, RecursionError):
         floors = None
     if not isinstance(floors, dict) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
                                                for v in floors.values()):
-        raise DecodeError(f"header {FLOORS_HEADER} is not a JSON object of offsets: {value[:80]!r}")
+        raise DecodeError(f"header {FLOORS_HEADER} is not a JSON object of offsets: {(value or b'')[:80]!r}")
     return floors
 
 
@@ -423,6 +425,34 @@ def encode_incident(inc: Incident) -> bytes:
     return json.dumps(inc.to_dict()).encode()
 
 
+#: how deep an incident's or save fact's JSON may nest: the deepest ckptwatch writes is 5
+#: (checkpoint_state: per-rank files' facts); deeper breaks the sink's alerts, ``incidents
+#: show`` and the console's pages with RecursionError
+JSON_DEPTH_MAX = 32
+
+
+def _sane_json(doc: Any, what: str) -> None:
+    """Raises DecodeError (``what``: e.g. ``ckptwatch incident``) when the decoded JSON
+    ``doc`` nests deeper than :data:`JSON_DEPTH_MAX`, holds a string DuckDB cannot store
+    (a lone surrogate: ``"\\ud800"``). Walks iteratively: the check itself cannot overflow
+    the stack. (A number too large for its field is the field check's.)"""
+    stack = [(doc, 0)]
+    while stack:
+        v, depth = stack.pop()
+        if depth > JSON_DEPTH_MAX:
+            raise DecodeError(f"not a {what}: nested deeper than {JSON_DEPTH_MAX} levels")
+        if isinstance(v, dict):
+            stack += [(k, depth + 1) for k in v]
+            stack += [(x, depth + 1) for x in v.values()]
+        elif isinstance(v, list):
+            stack += [(x, depth + 1) for x in v]
+        elif isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                raise DecodeError(f"not a {what}: a string with a lone surrogate: {_cut(repr(v))}") from None
+
+
 def decode_incident(value: bytes | None) -> Incident:
     """One incidents-topic value as an Incident, every field checked (see
     :func:`check_incident`). Raises DecodeError naming what is wrong (a tombstone, not JSON,
@@ -435,6 +465,7 @@ def decode_incident(value: bytes | None) -> Incident:
         raise DecodeError(f"not JSON: {value[:80]!r}") from None
     except RecursionError:
         raise DecodeError(f"JSON nested too deep: {value[:80]!r}") from None
+    _sane_json(d, "ckptwatch incident")
     try:
         inc = Incident.from_dict(d)
     except KeyError as e:
@@ -500,6 +531,11 @@ def check_incident(inc: Incident) -> None:
             if not ok(v):
                 shown = name if prefix != "root_cause." or name != "cls" else "class"
                 raise DecodeError(f"not a ckptwatch incident: field {prefix}{shown}: {_cut(repr(v))} is not of its type")
+    for i, c in enumerate(inc.commands):  # what alerts and pages print: text only
+        if not isinstance(c, dict) or not all(isinstance(k, str) and (v is None or isinstance(v, str))
+                                              for k, v in c.items()):
+            raise DecodeError(f"not a ckptwatch incident: field commands[{i}]: {_cut(repr(c))} is not an object of "
+                              "strings")
 
 
 def save_fact_key(fact: SaveFact) -> bytes:
@@ -524,7 +560,10 @@ def decode_save_fact(value: bytes | None) -> SaveFact:
         raise DecodeError("a tombstone (no value), not a save fact")
     try:
         d = json.loads(value)
+        _sane_json(d, "ckptwatch save fact")
         first = d["first_ts"]
+        if not (d["path"] is None or isinstance(d["path"], str)):
+            raise TypeError(f"path {_cut(repr(d['path']))} is not a string")
         fact = SaveFact(
             job=str(d["job"]), step=int(d["step"]), path=d["path"], complete=bool(d["complete"]),
             first_ts=dt.datetime.fromisoformat(first) if first else None,
@@ -536,10 +575,12 @@ def decode_save_fact(value: bytes | None) -> SaveFact:
         raise DecodeError(f"not a ckptwatch save fact: no field {e}") from None
     except RecursionError:
         raise DecodeError("not a ckptwatch save fact: JSON nested too deep") from None
-    except (ValueError, TypeError, AttributeError) as e:
+    except (ValueError, TypeError, AttributeError, OverflowError) as e:  # OverflowError: int(1e400)
         raise DecodeError(f"not a ckptwatch save fact: {e}") from None
     times = [fact.first_ts] if fact.first_ts else []
-    if not (_int(fact.step) and all(_time(t) for t in times + [ts for ts, _, _ in fact.losses])):
+    ints = [fact.step, *(s for _, s, _ in fact.losses), *fact.missing] + (
+        [fact.world_size] if fact.world_size is not None else [])
+    if not (all(_int(i) for i in ints) and all(_time(t) for t in times + [ts for ts, _, _ in fact.losses])):
         raise DecodeError(f"not a ckptwatch save fact: a step out of range or a time not UTC in 1970..2200: "
                           f"{_cut(repr(value))}")
     return fact

@@ -359,20 +359,21 @@ class SinkMember:
                     self.on_message(shared.message())
         self._claimed = {sid: self.shared_sources.collector_of(sid) for sid in seen}
 
-    def _fanout(self, r: ConsumerRecord, value: bytes) -> int | None:
+    def _fanout(self, r: ConsumerRecord, value: bytes | None) -> int | None:
         """The partition whose copy of a host event is stored, as ``r``'s
         :data:`~ckptwatch.kafka.codec.FANOUT_HEADER` ``value`` names it; None (this copy is
         stored, and checked against the table) when it names no partition of the topic, which
         would otherwise leave every copy unstored, said in one line."""
         try:
             fanout = int(value)
-        except ValueError:
+        except (ValueError, TypeError):  # TypeError: a header without a value (None)
             fanout = None
         if fanout is not None and fanout not in self._fanout_known:
             self._fanout_known = self.member.partitions(r.topic)  # partitions may have been added
         if fanout is None or fanout not in self._fanout_known:
+            shown = "without a value" if value is None else repr(value[:40])
             self.on_message(f"{r.topic} partition {r.partition} offset {r.offset}: header {FANOUT_HEADER} "
-                            f"{value[:40]!r} names no partition of the topic; this copy is stored")
+                            f"{shown} names no partition of the topic; this copy is stored")
             return None
         return fanout
 
