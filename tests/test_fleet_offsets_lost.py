@@ -125,3 +125,23 @@ def test_a_partition_retention_emptied_is_reported_before_anything_new_is_publis
         f"{topic} partition 0: offsets 2 to 4 (3 message(s)) were never received: the topic's retention deleted "
         f"them before detector group {cfg.detect.group} read them; their events are not judged"]
     assert sink.stats.offsets_lost == member.stats.offsets_lost == 3
+
+
+def test_a_gap_is_said_once_though_the_expectation_goes_back_after_a_broker_restart():
+    """After a broker restart the sink expects each partition from what it stored again;
+    the third attack round saw the same lost offsets said after every outage."""
+    from kafka.consumer.fetcher import ConsumerRecord
+
+    from ckptwatch.kafka.consumer import OffsetGaps
+
+    def rec(offset: int) -> ConsumerRecord:
+        return ConsumerRecord("ev", 0, None, offset, 0, 0, None, b"v", None, None, 1, 0, 0)
+
+    tp = TopicPartition("ev", 0)
+    gaps = OffsetGaps()
+    gaps.expect(tp, 8)
+    assert gaps.check([rec(10), rec(11)]) == [(tp, 8, 10)]
+    gaps.expect(tp, 8)  # the broker came back: fetch again from what is stored
+    assert gaps.check([rec(10), rec(11), rec(12)]) == []
+    gaps.expect(tp, 8)
+    assert gaps.behind({tp: 14}) == [(tp, 10, 14)]  # only what is new of a wider gap

@@ -78,11 +78,13 @@ class Outage:
         self.waits = 0
         self._since: float | None = None  # monotonic time the broker went away, while it is
         self._said = float("-inf")
+        self._contact = True  # a request reached the broker since it was last found away
 
     def away(self, e: BaseException) -> None:
         """A step failed (or could not commit) for want of the broker: count it, say so every
         :data:`REPORT_EVERY` seconds."""
         self.waits += 1
+        self._contact = False
         t = time.monotonic()
         if self._since is None:
             self._since = t
@@ -90,9 +92,14 @@ class Outage:
             self._said = t
             self.say(f"waiting for Kafka at {self.bootstrap} ({e})")
 
+    def contact(self) -> None:
+        """A request reached the broker (records came, or an offsets request was answered)."""
+        self._contact = True
+
     def back(self) -> None:
-        """A step reached the broker: say it answers again, if it was away."""
-        if self._since is not None:
+        """A step ended without an error: say the broker answers again, if it was away and a
+        request has reached it since (an empty poll raises nothing while it is away)."""
+        if self._since is not None and self._contact:
             self.say(f"Kafka at {self.bootstrap} answers again after {time.monotonic() - self._since:.0f} s")
             self._since = None
 
@@ -116,6 +123,19 @@ class OffsetGaps:
 
     def __init__(self) -> None:
         self._next: dict[TopicPartition, int] = {}
+        #: partition -> the end of the offsets already found lost: after a broker restart the
+        #: expectation goes back to what is stored, and the same gap is not found twice
+        self._reported: dict[TopicPartition, int] = {}
+
+    def _new(self, gaps: list[tuple[TopicPartition, int, int]]) -> list[tuple[TopicPartition, int, int]]:
+        """The part of each gap not reported before (and remember it)."""
+        out = []
+        for tp, first, end in gaps:
+            first = max(first, self._reported.get(tp, first))
+            if first < end:
+                out.append((tp, first, end))
+                self._reported[tp] = end
+        return out
 
     def expect(self, tp: TopicPartition, offset: int | None) -> None:
         """``tp`` should go on at ``offset`` (None: unknown; learned from its next record)."""
@@ -141,7 +161,7 @@ class OffsetGaps:
             if want is not None and start > want:
                 gaps.append((tp, want, start))
                 self._next[tp] = start
-        return gaps
+        return self._new(gaps)
 
     def waiting(self) -> set[TopicPartition]:
         """The partitions with a known expected offset."""
@@ -158,7 +178,7 @@ class OffsetGaps:
                 gaps.append((tp, want, r.offset))
             if want is None or r.offset >= want:
                 self._next[tp] = r.offset + 1
-        return gaps
+        return self._new(gaps)
 
 
 class LostOffsets(NamedTuple):
@@ -188,15 +208,19 @@ def lost_offsets(gaps: OffsetGaps, records: Iterable[ConsumerRecord], *, who: st
 
 
 def lost_while_quiet(gaps: OffsetGaps, member: GroupMember, topic: str, *, who: str,
-                     consequence: str) -> list[LostOffsets]:
+                     consequence: str, outage: Outage | None = None) -> list[LostOffsets]:
     """What :func:`lost_offsets` finds, for the partitions of ``topic`` that received no
     record to show it: each one's expected offset against its log start offset, asked of the
     broker (one request). Call it when a poll came back empty (at most every few seconds),
     so a sink restarted after retention emptied a partition says so before anything new is
-    published. Raises what :func:`broker_away` recognizes when the broker does not answer:
+    published. An answer is ``outage``'s :meth:`Outage.contact`. Raises what :func:`broker_away` recognizes when the broker does not answer:
     the caller waits it out, as for a poll."""
     parts = [tp for tp in gaps.waiting() if tp.topic == topic and tp in member.assignment()]
-    starts = member.log_starts(parts) if parts else {}
+    if not parts:
+        return []
+    starts = member.log_starts(parts)
+    if outage is not None and starts:
+        outage.contact()
     return _said(gaps.behind(starts), who=who, consequence=consequence)
 
 

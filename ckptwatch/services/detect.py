@@ -254,7 +254,7 @@ class DetectorMember:
         self._quiet_due = now + QUIET_CHECK_S
         self._say_lost(lost_while_quiet(self._gaps, self.member, self.config.kafka.events_topic,
                                         who=f"detector group {self.config.detect.group}",
-                                        consequence="their events are not judged"))
+                                        consequence="their events are not judged", outage=self._outage))
 
     def _feed(self, tp: TopicPartition, records: list[ConsumerRecord], now: dt.datetime) -> None:
         self._say_lost(lost_offsets(self._gaps, records, who=f"detector group {self.config.detect.group}",
@@ -381,6 +381,8 @@ class DetectorMember:
 
     def _step(self, *, now: dt.datetime | None, final: bool) -> int:
         records = self.member.poll(self.poll_timeout)
+        if records:
+            self._outage.contact()
         now = now or dt.datetime.now(dt.timezone.utc)
         for tp in list(self._pending):
             committed, meta = self.member.committed_with_metadata(tp)

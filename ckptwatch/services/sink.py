@@ -188,7 +188,7 @@ class SinkMember:
         self._quiet_due = now + QUIET_CHECK_S
         self._say_lost(lost_while_quiet(self._gaps, self.member, self.config.kafka.events_topic,
                                         who=f"sink group {self.config.sink.group}",
-                                        consequence="their events are not stored"))
+                                        consequence="their events are not stored", outage=self._outage))
 
     def _say_lost(self, found: list[LostOffsets]) -> None:
         for lost in found:
@@ -253,6 +253,8 @@ class SinkMember:
 
     def _consume(self) -> int:
         records = self.member.poll(self.poll_timeout)
+        if records:
+            self._outage.contact()
         self._commit_resumed(records)
         self.metrics.set_consumer_lag(self.config.sink.group, self.member.lag())
         if not records:
