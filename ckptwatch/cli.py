@@ -648,9 +648,11 @@ def sink_cmd(
             _info(f"sink: group {cfg.sink.group}, {cfg.kafka.events_topic} + {cfg.kafka.incidents_topic} at "
                   f"{cfg.kafka.bootstrap_servers} -> {cfg.sink.db}")
             alerter = _build(lambda: _alerter(cfg, cfg.sink.db)(store, metrics))
+            members: list = []  # the member, also when SIGTERM or Ctrl-C ends it: its counts are said
             m = _serve(lambda: launch.sink(cfg, store, until_idle=until_idle, say=_say, metrics=metrics,
-                                           alerter=alerter))
+                                           alerter=alerter, started=members.append))
             with _shielded():  # the summary reads the alert outbox in the store: before it closes
+                m = m or (members[0] if members else None)
                 if m is not None:
                     s = m.stats
                     _err.print(f"[dim]{s.events_inserted} new events, {s.incidents_upserted} incident writes, "

@@ -134,3 +134,42 @@ def test_a_second_collector_that_starts_after_a_sink_restart_is_named(kafka_boot
     shared = [m for m in said if "followed by two collectors" in m]
     assert len(shared) == 1 and f"two collectors, {ids[0]} and {ids[1]}:" in shared[0]
     assert sink.stats.sources_shared == 2
+
+
+def test_one_collector_through_a_symlinked_path_is_one_collector(kafka_bootstrap, tmp_path):
+    """The third attack round: the same offsets file reached through a symlinked directory was
+    named as a second collector."""
+    cfg = fresh_config(kafka_bootstrap, tmp_path, partitions=1)
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state-link").symlink_to(tmp_path / "state")
+    ids = []
+    for where in ("state", "state-link"):
+        c = dataclasses.replace(cfg, collect=dataclasses.replace(cfg.collect, paths=[str(tmp_path / "none")],
+                                                                checkpoint=str(tmp_path / where / "off.json")))
+        collector = Collector(c, rules=RuleSet.load())
+        try:
+            ids.append(collector.collector_id)
+        finally:
+            collector.close()
+    assert ids[0] == ids[1] and ids[0].endswith(str(tmp_path / "state" / "off.json"))
+
+
+def test_a_sink_stopped_by_sigterm_says_its_counts(kafka_bootstrap, tmp_path):
+    """The third attack round: stopped by SIGTERM or Ctrl-C, ``sink`` printed only its alerts
+    line, not what it stored and found (files shared by two collectors, offsets lost)."""
+    import signal
+
+    from kafka_support import ckptwatch, cli_env, wait_for_members
+
+    cfg = fresh_config(kafka_bootstrap, tmp_path, partitions=1)
+    ensure_topics(cfg.kafka)
+    proc = ckptwatch(["sink"], cli_env(cfg))
+    try:
+        wait_for_members(kafka_bootstrap, cfg.sink.group, 1)  # the member exists and joined
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "0 new events, 0 incident writes, 0 bad messages skipped; database " in err

@@ -88,7 +88,7 @@ class Collector:
         self.host = socket.gethostname()
         #: this collector, as the sink names it when another one follows the same file: its
         #: host and offsets file (the same across restarts, another for every other collector)
-        self.collector_id = f"{self.host}:{own}"
+        self.collector_id = f"{self.host}:{os.path.realpath(own)}"
 
     def messages(self, events: pl.DataFrame) -> list[Message]:
         """The events as messages (:func:`event_messages`), each with the offsets saved for

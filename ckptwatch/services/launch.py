@@ -85,9 +85,11 @@ def detect(config: Config, options: PipelineOptions, *, until_idle: float | None
 
 def sink(config: Config, store: Store, *, until_idle: float | None, say: Say,
          on_incident: Callable[[Incident], None] | None = None, metrics: Metrics | None = None,
-         alerter: Alerter | None = None) -> SinkMember:
+         alerter: Alerter | None = None, started: Callable[[SinkMember], None] | None = None) -> SinkMember:
     """Run the DuckDB sink into ``store`` (the caller closes it), alerting through
-    ``alerter`` (closed when this returns or raises); returns the member (closed)."""
+    ``alerter`` (closed when this returns or raises); returns the member (closed).
+    ``started`` gets the member once it exists (so a caller interrupted meanwhile can still
+    read its counts)."""
     try:
         member = SinkMember(config, store, on_message=say, on_incident=on_incident, metrics=metrics,
                             alerter=alerter)
@@ -95,6 +97,8 @@ def sink(config: Config, store: Store, *, until_idle: float | None, say: Say,
         if alerter:
             alerter.close()
         raise
+    if started is not None:
+        started(member)
     try:
         run_steps([member.step], interval=0.2, until_idle=until_idle)
     finally:
