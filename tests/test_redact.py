@@ -17,7 +17,7 @@ REDACTOR = Redactor.load()
 
 def test_every_packaged_example_holds():
     assert [p.id for p in REDACTOR.patterns] == [
-        "private_key_block", "url_password", "userinfo_password", "webhook_url", "webhook_path",
+        "private_key_block", "url_password", "userinfo_password", "webhook_url", "webhook_path", "query_signature",
         "signed_url_param",
         "azure_sas_sig", "bearer_token", "authorization_header", "aws_access_key_id", "github_token",
         "vendor_token", "gitlab_token", "jwt", "google_token", "cookie_header", "cli_flag_secret", "key_value_secret",

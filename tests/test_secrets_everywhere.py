@@ -46,6 +46,10 @@ SHAPES = [
     ("HTTPSConnectionPool(host='hooks.slack.com', port=443): Max retries exceeded with url: "
      "/services/T0AB12CD3/B0EF45GH6/a1B2c3D4e5F6g7H8i9J0k1L2 (Caused by X)", "a1B2c3D4e5F6g7H8i9J0k1L2"),
     ("git clone https://gitlab.example/r.git with glpat-AbCdEfGhIjKlMnOpQrSt", "glpat-AbCdEfGhIjKlMnOpQrSt"),
+    # and the third attack round's: an encoded webhook path, a versioned Discord API, SigV2 and CloudFront
+    ("url: %2Fservices%2FT0AAAAAAA%2FB0BBBBBBB%2FencSLACK0a1b2c3d4e5f6g7", "encSLACK0a1b2c3d4e5f6g7"),
+    ("url: /api/v10/webhooks/123456789012345678/discordV10secretTOKEN0123?wait=true", "discordV10secretTOKEN0123"),
+    ("https://d1.cloudfront.net/ckpt?Expires=1764489600&Signature=cfSIGsecret0a1b2c~x&Key-Pair-Id=K2J", "cfSIGsecret0a1b2c"),
 ]
 
 FIELDS = ("checkpoint_path", "last_good_path", "root_line", "root_note", "evidence", "checkpoint_state", "remediation",
