@@ -224,6 +224,37 @@ def lost_while_quiet(gaps: OffsetGaps, member: GroupMember, topic: str, *, who: 
     return _said(gaps.behind(starts), who=who, consequence=consequence)
 
 
+class LossWatch:
+    """A consumer's watch on the events topic's offsets it never received: the gaps in the
+    records it gets (:func:`lost_offsets`) and, after empty polls at most every
+    :data:`QUIET_CHECK_S` seconds, the gaps retention left in quiet partitions
+    (:func:`lost_while_quiet`). Each gap goes to ``on_lost`` once (count it, say it).
+    ``who``: the consumer group, e.g. ``sink group g``; ``consequence``: what the loss costs."""
+
+    def __init__(self, gaps: OffsetGaps, member: GroupMember, topic: str, *, who: str, consequence: str,
+                 outage: Outage | None, on_lost: Callable[[LostOffsets], None]) -> None:
+        self.gaps, self.member, self.topic = gaps, member, topic
+        self.who, self.consequence, self.outage, self.on_lost = who, consequence, outage, on_lost
+        self._quiet_due = 0.0  # monotonic time of the next look at the quiet partitions
+
+    def records(self, records: Iterable[ConsumerRecord]) -> None:
+        """Check ``records`` (of any topic; only the events topic's count) for gaps."""
+        for lost in lost_offsets(self.gaps, [r for r in records if r.topic == self.topic], who=self.who,
+                                 consequence=self.consequence):
+            self.on_lost(lost)
+
+    def quiet(self) -> None:
+        """After an empty poll: look at the quiet partitions, if it is time. Raises what
+        :func:`broker_away` recognizes when the broker does not answer."""
+        now = time.monotonic()
+        if now < self._quiet_due:
+            return
+        self._quiet_due = now + QUIET_CHECK_S
+        for lost in lost_while_quiet(self.gaps, self.member, self.topic, who=self.who,
+                                     consequence=self.consequence, outage=self.outage):
+            self.on_lost(lost)
+
+
 def _said(found: list[tuple[TopicPartition, int, int]], *, who: str, consequence: str) -> list[LostOffsets]:
     return [LostOffsets(tp.topic, tp.partition, first, received,
                         f"{tp.topic} partition {tp.partition}: offsets {first} to {received - 1} "

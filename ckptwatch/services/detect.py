@@ -84,8 +84,8 @@ from ckptwatch.detectors.checkpoints import SaveFact
 from ckptwatch.detectors.runner import UNKNOWN_JOB
 from ckptwatch.kafka.codec import (DecodeError, decode_events_skipping, decode_incident, decode_save_fact,
                                    encode_incident, encode_save_fact, save_fact_key)
-from ckptwatch.kafka.consumer import (QUIET_CHECK_S, GroupMember, LostOffsets, OffsetGaps, Outage, TopicReader,
-                                      broker_away, lost_offsets, lost_while_quiet, read_to_end)
+from ckptwatch.kafka.consumer import (GroupMember, LossWatch, LostOffsets, OffsetGaps, Outage, TopicReader,
+                                      broker_away, read_to_end)
 from ckptwatch.kafka.producer import Message, Publisher
 from ckptwatch.services.replay import ReplayStart, decode_metadata, encode_metadata
 from ckptwatch.sinks.metrics import Metrics
@@ -140,7 +140,6 @@ class DetectorMember:
         self._asked: dict[TopicPartition, float] = {}  # monotonic time its detector was last asked
         self._outage = Outage(config.kafka.bootstrap_servers, self.on_message)
         self._gaps = OffsetGaps()  # offsets no member of the group received
-        self._quiet_due = 0.0  # monotonic time of the next look for offsets lost from a quiet partition
         self.published: dict[str, str] = {}  # incident id -> fingerprint of the latest published version
         self._refresh_published = True
         self._pending: set[TopicPartition] = set()  # assigned; committed offset not looked up yet
@@ -151,6 +150,10 @@ class DetectorMember:
             self.member = GroupMember(config.kafka, config.detect.group, [config.kafka.events_topic],
                                       client_id="ckptwatch-detect", on_assigned=self._assigned,
                                       on_revoked=self._revoked, on_wait=self.on_message)
+            self._losses = LossWatch(self._gaps, self.member, config.kafka.events_topic,
+                                     who=f"detector group {config.detect.group}",
+                                     consequence="their events are not judged", outage=self._outage,
+                                     on_lost=self._lost)
             # save incidents of every member: a resume in a job of ours may load another job's checkpoint
             self.known_bad: dict[str, Incident] = {}
             self.facts = TopicReader(config.kafka, config.kafka.incidents_topic, client_id="ckptwatch-detect-facts",
@@ -239,26 +242,14 @@ class DetectorMember:
         learned in-process, ahead of the topics."""
         return any(job in det.jobs for det in self.detectors.values())
 
-    def _say_lost(self, found: list[LostOffsets]) -> None:
-        for lost in found:
-            self.stats.offsets_lost += lost.n
-            self.metrics.count_offsets_lost(lost.topic, lost.partition, lost.first, lost.end)  # once per process
-            self.on_message(lost.message)
-
-    def _lost_while_quiet(self) -> None:
-        """After an empty poll, at most every :data:`QUIET_CHECK_S` seconds: say and count
-        the offsets retention deleted from a quiet partition before they were read."""
-        now = time.monotonic()
-        if now < self._quiet_due:
-            return
-        self._quiet_due = now + QUIET_CHECK_S
-        self._say_lost(lost_while_quiet(self._gaps, self.member, self.config.kafka.events_topic,
-                                        who=f"detector group {self.config.detect.group}",
-                                        consequence="their events are not judged", outage=self._outage))
+    def _lost(self, lost: LostOffsets) -> None:
+        """Count and say offsets of the events topic no member received."""
+        self.stats.offsets_lost += lost.n
+        self.metrics.count_offsets_lost(lost.topic, lost.partition, lost.first, lost.end)  # once per process
+        self.on_message(lost.message)
 
     def _feed(self, tp: TopicPartition, records: list[ConsumerRecord], now: dt.datetime) -> None:
-        self._say_lost(lost_offsets(self._gaps, records, who=f"detector group {self.config.detect.group}",
-                                    consequence="their events are not judged"))
+        self._losses.records(records)
         events, bad, counts = decode_events_skipping([r.value for r in records])
         for i, e in bad:
             self.stats.bad_messages += 1
@@ -405,7 +396,7 @@ class DetectorMember:
             if tp in self.detectors:
                 self._feed(tp, recs, now)
         if not records and not self._pending:
-            self._lost_while_quiet()
+            self._losses.quiet()
         if self._refresh_published:
             self._load_published()
         self._learn([inc for inc in map(self._decode, self._unread(self.facts.poll()))

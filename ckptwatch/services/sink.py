@@ -47,8 +47,7 @@ from ckptwatch.detectors import Incident
 from ckptwatch.kafka.admin import dead_letter_topic, ensure_topics
 from ckptwatch.kafka.codec import (FANOUT_HEADER, FLOORS_HEADER, SOURCES_HEADER, DecodeError, decode_events_skipping,
                                    decode_floors, decode_incident, decode_sources)
-from ckptwatch.kafka.consumer import (QUIET_CHECK_S, GroupMember, LostOffsets, OffsetGaps, Outage, broker_away,
-                                      lost_offsets, lost_while_quiet)
+from ckptwatch.kafka.consumer import GroupMember, LossWatch, LostOffsets, OffsetGaps, Outage, broker_away
 from ckptwatch.kafka.dead_letters import dead_letter
 from ckptwatch.kafka.producer import Publisher
 from ckptwatch.services import notification_mirror
@@ -117,12 +116,14 @@ class SinkMember:
         self._dlq: Publisher | None = None  # opened at the first dead letter
         self._gaps = OffsetGaps()  # of the events topic
         self.shared_sources = SharedSources()  # which collector publishes each file
-        self._quiet_due = 0.0  # monotonic time of the next look for offsets lost from a quiet partition
         self._fanout_known: set[int] = set()  # partitions of the events topic, as last looked up
         self._claimed: dict[str, str | None] = {}  # the batch's sources -> the collector kept for each
         self._outage = Outage(k.bootstrap_servers, self.on_message)
         self.member = GroupMember(k, config.sink.group, [k.events_topic, k.incidents_topic], client_id="ckptwatch-sink",
                                   on_assigned=self._assigned, on_revoked=self._revoked, on_wait=self.on_message)
+        self._losses = LossWatch(self._gaps, self.member, k.events_topic, who=f"sink group {config.sink.group}",
+                                 consequence="their events are not stored", outage=self._outage,
+                                 on_lost=self._lost)
 
     def _assigned(self, partitions: set[TopicPartition]) -> None:
         # runs on kafka-python's IO thread: seeks only (offsets from memory), no blocking call
@@ -172,29 +173,11 @@ class SinkMember:
         self._dlq.publish([dead_letter(r, str(e), topic=self.dead_letters, group=self.config.sink.group)
                            for r, e in bad])
 
-    def _lost(self, records: list[ConsumerRecord]) -> None:
-        """Say and count the offsets of the events topic ``records`` jumped over."""
-        events = [r for r in records if r.topic == self.config.kafka.events_topic]
-        self._say_lost(lost_offsets(self._gaps, events, who=f"sink group {self.config.sink.group}",
-                                    consequence="their events are not stored"))
-
-    def _lost_while_quiet(self) -> None:
-        """After an empty poll, at most every :data:`QUIET_CHECK_S` seconds: say and count
-        the offsets retention deleted from a quiet partition before they were read (no
-        record came to show the jump)."""
-        now = time.monotonic()
-        if now < self._quiet_due:
-            return
-        self._quiet_due = now + QUIET_CHECK_S
-        self._say_lost(lost_while_quiet(self._gaps, self.member, self.config.kafka.events_topic,
-                                        who=f"sink group {self.config.sink.group}",
-                                        consequence="their events are not stored", outage=self._outage))
-
-    def _say_lost(self, found: list[LostOffsets]) -> None:
-        for lost in found:
-            self.stats.offsets_lost += lost.n
-            self.metrics.count_offsets_lost(lost.topic, lost.partition, lost.first, lost.end)  # once per process
-            self.on_message(lost.message)
+    def _lost(self, lost: LostOffsets) -> None:
+        """Count and say offsets of the events topic never received."""
+        self.stats.offsets_lost += lost.n
+        self.metrics.count_offsets_lost(lost.topic, lost.partition, lost.first, lost.end)  # once per process
+        self.on_message(lost.message)
 
     def step(self) -> int:
         """Poll, write, commit, deliver alerts. Returns the number of records consumed plus
@@ -258,9 +241,9 @@ class SinkMember:
         self._commit_resumed(records)
         self.metrics.set_consumer_lag(self.config.sink.group, self.member.lag())
         if not records:
-            self._lost_while_quiet()
+            self._losses.quiet()
             return 0 if self.joined else 1
-        self._lost(records)
+        self._losses.records(records)
         event_recs = []
         incidents: dict[str, Incident] = {}
         offsets: dict[TopicPartition, int] = {}
