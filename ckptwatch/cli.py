@@ -104,6 +104,9 @@ LinePrefixOpt = Annotated[str | None, typer.Option(
     "'${hostname}:${rank}: ' (macros: role_name, local_rank, rank, hostname): read exactly.")]
 RulesOpt = Annotated[list[str] | None, typer.Option("--rules", help="Extra rule pack file or directory "
                                                      "(repeatable), loaded after the packaged packs.")]
+JobOpt = Annotated[str | None, typer.Option("--job", help="The job of every line whose path --path-template "
+                                             "names no job (one job's logs or paste); its lines' own run ids "
+                                             "then name no other.")]
 
 
 KafkaOpt = Annotated[str | None, typer.Option("--kafka", help="Kafka bootstrap servers HOST:PORT[,...] "
@@ -136,7 +139,7 @@ def _fail(msg: str, code: int = 2) -> typer.Exit:
 
 
 def _options(path_template: str | None, boot_time: str | None, rules: list[str] | None,
-             line_prefix: str | None = None) -> PipelineOptions:
+             line_prefix: str | None = None, job: str | None = None) -> PipelineOptions:
     if line_prefix:
         try:
             compile_line_prefix(line_prefix)
@@ -154,7 +157,10 @@ def _options(path_template: str | None, boot_time: str | None, rules: list[str] 
     for r in rules or []:
         if not os.path.exists(r):
             raise _fail(f"--rules {r}: does not exist")
-    return PipelineOptions(template=template, boot_time=boot, rule_files=tuple(rules or ()), line_prefix=line_prefix)
+    if job is not None and not job.strip():
+        raise _fail("--job: empty; give the job's name")
+    return PipelineOptions(template=template, boot_time=boot, rule_files=tuple(rules or ()), line_prefix=line_prefix,
+                           job=job.strip() if job else None)
 
 
 @app.command("diagnose")
@@ -167,12 +173,13 @@ def diagnose_cmd(
     line_prefix: LinePrefixOpt = None,
     boot_time: BootOpt = None,
     rules: RulesOpt = None,
+    job: JobOpt = None,
 ) -> None:
     """Read logs once and report every checkpoint incident found.
 
     Exit code 0: no incident; 1: at least one; 2: usage or input error.
     """
-    options = _options(path_template, boot_time, rules, line_prefix)
+    options = _options(path_template, boot_time, rules, line_prefix, job)
     shown = ", ".join("<stdin>" if p == "-" else p for p in paths)  # the paths as the user gave them
     with tempfile.TemporaryDirectory(prefix="ckptwatch-stdin-") as spool:
         spooled = os.path.join(spool, "stdin.log")
@@ -258,6 +265,7 @@ def run_cmd(
     line_prefix: LinePrefixOpt = None,
     boot_time: BootOpt = None,
     rules: RulesOpt = None,
+    job: JobOpt = None,
     metrics_port: MetricsPortOpt = None,
     metrics_address: MetricsAddressOpt = None,
     checkpoint_root: CheckpointRootOpt = None,
@@ -281,7 +289,7 @@ def run_cmd(
                            "collect": {"interval": interval, "checkpoint_roots": checkpoint_root or None},
                            "sink": {"retention_days": retention_days},
                            "metrics": {"port": metrics_port, "address": metrics_address}}, need_kafka=False)
-    options = _options(path_template, boot_time, rules, line_prefix)
+    options = _options(path_template, boot_time, rules, line_prefix, job)
     # a live run judges like the fleet's detectors: files written out of step (a rank behind
     # another by a poll, a restart reading a backlog) are not judged late by the newest one
     options.detector = detector_config(cfg.detect, options.detector)

@@ -72,7 +72,7 @@ class EmbeddedRunner:
         self.watcher = SourceWatcher([logs_dir, *extra], template=self.options.template, boot_time=self.options.boot_time,
                                      line_prefix=self.options.line_prefix, poll_bytes=self.options.poll_bytes,
                                      committed=self._stored, exclude=lambda p: os.path.abspath(p) == db,
-                                     max_open_files=self.options.max_open_files)
+                                     max_open_files=self.options.max_open_files, job=self.options.job)
         self.stats = self.watcher.stats
         self.retention = retention
         self._retention_due: dt.datetime | None = None

@@ -40,7 +40,9 @@ class PipelineOptions:
     ``rule_scopes``: load only the packaged packs of these scopes
     (:data:`ckptwatch.rules.engine.SCOPES`; None: every pack); ``max_open_files``: log files
     held open at most, the others read in turns (None: the open-file limit minus
-    :data:`~ckptwatch.ingest.handles.HEADROOM`; see :mod:`ckptwatch.ingest.handles`).
+    :data:`~ckptwatch.ingest.handles.HEADROOM`; see :mod:`ckptwatch.ingest.handles`);
+    ``job``: the job of every file whose path the template names none (``--job``: one
+    job's paste, or one run's directory).
     """
 
     template: re.Pattern[str] | None = None
@@ -51,6 +53,7 @@ class PipelineOptions:
     poll_bytes: int = DEFAULT_POLL_BYTES
     rule_scopes: tuple[str, ...] | None = None
     max_open_files: int | None = None
+    job: str | None = None
 
 
 #: event kinds that belong to one rank of a job: without a rank, blame and shard checks are blind
@@ -143,7 +146,7 @@ def _diagnose(paths: list[str], options: PipelineOptions, progress: Callable[[St
     rules = RuleSet.load(options.rule_files, scopes=options.rule_scopes)
     watcher = SourceWatcher(list(paths), template=options.template, boot_time=options.boot_time,
                             line_prefix=options.line_prefix, archives=True, poll_bytes=options.poll_bytes,
-                            max_open_files=options.max_open_files)
+                            max_open_files=options.max_open_files, job=options.job)
     stats = watcher.stats
     detector = Detector(options.detector)
     try:

@@ -28,6 +28,7 @@ deleted while it is followed is still read to its end (like ``tail -F``):
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import gzip
 import hashlib
@@ -99,6 +100,9 @@ class FileTail:
             (:class:`~ckptwatch.ingest.handles.HandleBudget`): opening it may close the least
             recently used other one, which is opened again (and checked to be the same file)
             when next read. None: no budget.
+        job_label: the job of every line whose path the template gives no job (``--job``
+            NAME: one job's paste); the lines' own mentions (a torchrun ``run_id``) then
+            do not name another.
 
     ``moved_to``: set by the owner when the file, not held open, was found renamed away
     from ``path`` to a name no watched path takes (``train.log.1`` beside a ``*.log``
@@ -120,11 +124,14 @@ class FileTail:
         avoid_ids: Container[str] = frozenset(),
         line_prefix: str | None = None,
         budget: handles.HandleBudget | None = None,
+        job_label: str | None = None,
     ) -> None:
         self.path = path
         self.moved_to: str | None = None
         self.budget = budget
         self.labels = layout.labels_for(path, template)
+        if job_label is not None and self.labels.job is None:  # ``--job``: the user names the job
+            self.labels = dataclasses.replace(self.labels, job=job_label)
         self.job = self.labels.job or job  # ``job``: learned from the file's lines before a restart
         self.offset = offset
         self.source_id: str | None = None

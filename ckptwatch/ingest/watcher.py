@@ -111,6 +111,7 @@ class SourceWatcher:
         rescan_after: seconds after which a poll lists everything even so (:mod:`.notify`).
         max_open_files: files held open at most (see :mod:`.handles`); None: the process's
             open-file limit minus :data:`~ckptwatch.ingest.handles.HEADROOM`, read now.
+        job: the job of every file whose path the template gives none (``--job NAME``).
 
     A poll raises :class:`~ckptwatch.ingest.handles.OpenFileLimitError` when a file cannot
     be opened for want of descriptors and no other file is open to close (one line).
@@ -124,8 +125,10 @@ class SourceWatcher:
                  exclude: Callable[[str], bool] | None = None, flush_after: float = 2.0, settle_after: float = 0.25,
                  forget_after_polls: int = 5, archives: bool = False, line_prefix: str | None = None,
                  poll_bytes: int = DEFAULT_POLL_BYTES, watch_changes: bool = True,
-                 rescan_after: float = 10.0, max_open_files: int | None = None) -> None:
+                 rescan_after: float = 10.0, max_open_files: int | None = None,
+                 job: str | None = None) -> None:
         self.paths = list(paths)
+        self.job = job  # ``--job``: every file the template gives no job is this job's
         self.budget = handles.HandleBudget(max_open_files)
         self.template = template
         self.boot_time = boot_time
@@ -482,7 +485,7 @@ class SourceWatcher:
         return FileTail(path, template=self.template, boot_time=self.boot_time, flush_after=self.flush_after,
                         settle_after=self.settle_after,
                         line_prefix=self.line_prefix,
-                        avoid_ids=self._retired, budget=self.budget)
+                        avoid_ids=self._retired, budget=self.budget, job_label=self.job)
 
     def _resume(self, tail: FileTail) -> bool:
         """Continue ``tail`` from a checkpoint of its own (any generation) or of the

@@ -56,11 +56,13 @@ class Collector:
     ``[kafka] connect_timeout`` seconds (a minute by default; see
     :func:`~ckptwatch.kafka.admin.ensure_topics`).
     ``metrics`` gets lines, events and skipped input every step (a new one when None).
+    ``job``: the job of every file whose path the template names none (``--job``).
     """
 
     def __init__(self, config: Config, *, rules: RuleSet, template: re.Pattern[str] | None = None,
                  boot_time: dt.datetime | None = None, line_prefix: str | None = None,
-                 on_wait: Callable[[str], None] | None = None, metrics: Metrics | None = None) -> None:
+                 on_wait: Callable[[str], None] | None = None, metrics: Metrics | None = None,
+                 job: str | None = None) -> None:
         self.config = config
         self.metrics = metrics or Metrics()
         self.rules = rules
@@ -73,7 +75,7 @@ class Collector:
         self.watcher = SourceWatcher(
             config.collect.paths + extra, template=template, boot_time=boot_time, line_prefix=line_prefix,
             committed=committed,
-            exclude=lambda p: os.path.abspath(p).startswith(own),
+            exclude=lambda p: os.path.abspath(p).startswith(own), job=job,
         )
         self.stats = self.watcher.stats
         try:

@@ -60,7 +60,8 @@ def collect(config: Config, options: PipelineOptions, *, once: bool, until_idle:
 
 def _collector(config: Config, options: PipelineOptions, say: Say, metrics: Metrics | None) -> Collector:
     return Collector(config, rules=RuleSet.load(options.rule_files), template=options.template,
-                     boot_time=options.boot_time, line_prefix=options.line_prefix, on_wait=say, metrics=metrics)
+                     boot_time=options.boot_time, line_prefix=options.line_prefix, on_wait=say, metrics=metrics,
+                     job=options.job)
 
 
 def _detector(config: Config, options: PipelineOptions, say: Say, metrics: Metrics | None) -> DetectorMember:
