@@ -301,3 +301,63 @@ def test_the_third_attack_rounds_shapes_are_bad_messages_not_crash_loops():
     for decode in (codec.decode_floors, codec.decode_sources):  # a header without a value
         with pytest.raises(codec.DecodeError):
             decode(None)
+
+
+def test_the_fourth_attack_rounds_shapes_are_bad_messages_not_crash_loops():
+    """Each passed the codec and stopped the sink (or the detector) on every restart, or was
+    stored and broke ``incidents show``, plots, the console and alert channels."""
+    import struct
+
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
+    from alert_support import sigkill_incident
+
+    good = sigkill_incident().to_dict()
+    for change, words in [
+        ({"id": "c" * 700_000}, "field id"), ({"id": "bb/../x?y#z%"}, "field id"),
+        ({"severity": "bogus"}, "field severity"), ({"status": "[/x]"}, "field status"),
+        ({"kind": "[/x]"}, "field kind"),
+        ({"commands": [{}]}, r"commands\[0\]"),
+        ({"commands": [{"purpose": None, "command": None, "framework": None, "source": None}]}, r"commands\[0\]"),
+        ({"checkpoint_state": {**good["checkpoint_state"], "finished": 5}}, "checkpoint_state.finished"),
+        ({"checkpoint_state": {**good["checkpoint_state"], "expected_ranks": ["[/x]"]}}, "checkpoint_state.expected"),
+    ]:
+        with pytest.raises(codec.DecodeError, match=words):
+            codec.decode_incident(json.dumps({**good, **change}).encode())
+    for header in (b'{"s": 9223372036854775808}', b'{"s": 1180591620717411303424}', '{"4162\\ud800": 1}'.encode()):
+        with pytest.raises(codec.DecodeError):
+            codec.decode_floors(header)
+    for header in ('{"host":"vm","files":{"s":"/x\\ud800y"}}', '{"host":"vm","files":{"s":"/a"},"collector":"c\\ud800"}'):
+        with pytest.raises(codec.DecodeError):
+            codec.decode_sources(header.encode())
+    # an Arrow events message whose line column holds bytes that are no UTF-8
+    good_value = arrow({"offset": 1})
+    t = ipc.open_stream(good_value).read_all().combine_chunks()
+    i = t.schema.get_field_index("line")
+    bad = b"abc\xff\xfe\xed def"
+    column = pa.Array.from_buffers(t.schema.field(i).type, 1, [None, pa.py_buffer(
+        struct.pack("<qq" if pa.types.is_large_string(t.schema.field(i).type) else "<ii", 0, len(bad))),
+        pa.py_buffer(bad)])
+    sink = pa.BufferOutputStream()
+    t2 = t.set_column(i, t.schema.field(i), pa.chunked_array([column]))
+    with ipc.new_stream(sink, t2.schema) as w:
+        w.write_table(t2)
+    events, bad_ones, counts = codec.decode_events_skipping([sink.getvalue().to_pybytes(), good_value])
+    assert [j for j, _ in bad_ones] == [0] and counts == [0, 1] and events["offset"].to_list() == [1]
+
+
+def test_markup_in_an_incidents_text_is_printed_as_text():
+    from io import StringIO
+
+    from rich.console import Console
+
+    from alert_support import sigkill_incident
+    from ckptwatch.sinks import report
+
+    inc = sigkill_incident()
+    inc.root_cause.cls, inc.root_cause.signal = "[/x]", "[bold]"
+    inc.commands = [{"purpose": "[/x]", "command": "[/y]", "framework": "any", "source": "[/z]"}]
+    buf = StringIO()
+    report.render_text([inc], Console(file=buf, width=200, emoji=False, color_system=None))
+    assert "[/x] ([bold])" in buf.getvalue() and "[/y]  # [/x]: [/z]" in buf.getvalue()

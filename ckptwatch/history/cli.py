@@ -214,10 +214,10 @@ def show_cmd(incident: Annotated[str, typer.Argument(metavar="ID", help="Inciden
     for r in evidence.iter_rows(named=True):
         who = f"rank {r['rank']}" if r["rank"] is not None else (r["host"] or "agent")
         where = f"{r['file'] or 'source ' + r['source_id']}:{r['offset']}" + (f" on {r['read_on']}" if r["read_on"] else "")
-        _out.print(f"    {r['ts']:%H:%M:%S.%f}"[:-3] + f"  {escape(who):<8} {r['role']:<10} {r['kind']:<18} "
-                   f"[dim]{escape(where)}[/dim]")
+        _out.print(f"    {r['ts']:%H:%M:%S.%f}"[:-3] + escape(f"  {who:<8} {r['role']:<10} {r['kind']:<18} ")
+                   + f"[dim]{escape(where)}[/dim]")
         _out.print(f"      {escape(r['line'] or '')}")
-    _out.print(f"  paging       {paging}")
+    _out.print(f"  paging       {escape(str(paging))}")
     if not grouped.is_empty():  # a channel's group_by: this page stands for them too
         _out.print(f"  grouped here {grouped.height} incident(s), not paged on their own")
         for g in grouped.iter_rows(named=True):

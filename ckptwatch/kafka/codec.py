@@ -63,6 +63,7 @@ import datetime as dt
 import io
 import itertools
 import json
+import re
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -71,7 +72,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from ckptwatch.detectors.checkpoints import SaveFact, checkpoint_key
-from ckptwatch.detectors.incident import Incident
+from ckptwatch.detectors.incident import SEVERITIES, STATUSES, Incident
 from ckptwatch.schema import EVENT_SCHEMA, TS
 
 _WIRE_SCHEMA = {**EVENT_SCHEMA, "ts": pl.Int64}
@@ -147,7 +148,8 @@ def decode_sources(value: bytes | None) -> Sources:
     (a header without a value too)."""
     try:
         doc = json.loads(value) if value is not None else None
-    except (ValueError, RecursionError):  # RecursionError: nested deeper than Python's stack
+        _sane_json(doc, f"header {SOURCES_HEADER}")  # a lone surrogate in a path or a collector
+    except (ValueError, RecursionError, DecodeError):  # RecursionError: nested deeper than Python's stack
         doc = None
     files = doc.get("files") if isinstance(doc, dict) else None
     host = doc.get("host") if isinstance(doc, dict) else None
@@ -169,10 +171,10 @@ def decode_floors(value: bytes | None) -> dict[str, int]:
     integers."""
     try:
         floors = json.loads(value) if value is not None else None
-    except (ValueError, RecursionError):
+        _sane_json(floors, f"header {FLOORS_HEADER}")
+    except (ValueError, RecursionError, DecodeError):
         floors = None
-    if not isinstance(floors, dict) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
-                                               for v in floors.values()):
+    if not isinstance(floors, dict) or not all(_int(v) and v >= 0 for v in floors.values()):
         raise DecodeError(f"header {FLOORS_HEADER} is not a JSON object of offsets: {(value or b'')[:80]!r}")
     return floors
 
@@ -383,6 +385,8 @@ def _decode_arrow(values: list[bytes], n: int) -> tuple[pl.DataFrame, list[int]]
     what = "an Arrow IPC stream" + ("" if n == 1 else f" in a batch of {n} messages")
     try:
         tables = [ipc.open_stream(v).read_all() for v in values]
+        for t in tables:  # string columns valid UTF-8, offsets in bounds: DuckDB and polars trust them
+            t.validate(full=True)
     except (pa.ArrowException, OSError, ValueError) as e:  # a cut stream is an OSError ("Expected to be able to read")
         raise DecodeError(f"not a ckptwatch events batch ({what}): {e}") from None
     try:
@@ -498,14 +502,21 @@ _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 #: field -> check, of an incident, its root cause and its evidence items: the types the
 #: sink's tables and the detectors take
 _INCIDENT_FIELDS: dict[str, Callable[[Any], bool]] = {
-    "id": lambda v: _str(v) and v != "", "kind": lambda v: _str(v) and v != "", "job": _opt(_str),
-    "step": _opt(_int), "checkpoint_path": _opt(_str), "remediation": _str, "severity": _str, "status": _str,
+    "id": lambda v: _str(v) and _ID.fullmatch(v) is not None,
+    "kind": lambda v: _str(v) and _KIND.fullmatch(v) is not None,
+    "job": _opt(_str), "step": _opt(_int), "checkpoint_path": _opt(_str), "remediation": _str,
+    "severity": lambda v: v in SEVERITIES, "status": lambda v: v in STATUSES,
     "first_ts": _time, "detected_ts": _opt(_time), "checkpoint_state": lambda v: isinstance(v, dict),
     "collateral": lambda v: isinstance(v, list) and all(_int(r, 32) for r in v),
     "last_good_checkpoint": _opt(lambda v: isinstance(v, dict) and _opt(_int)(v.get("step"))
                                  and _opt(_str)(v.get("path"))),
     "commands": lambda v: isinstance(v, list) and all(isinstance(c, dict) for c in v),
 }
+#: an incident id as a page names it (a URL path part, PagerDuty's dedup_key of at most 255
+#: characters): ckptwatch's own are 16 hex digits
+_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+#: an incident kind: a word of the detectors' (an unknown one is shown as it is)
+_KIND = re.compile(r"[a-z][a-z0-9_]{0,63}")
 _ROOT_FIELDS: dict[str, Callable[[Any], bool]] = {
     "cls": _str, "rank": _opt(lambda v: _int(v, 32)), "host": _opt(_str), "pid": _opt(_int), "ts": _opt(_time),
     "rule_id": _opt(_str), "line": _opt(_str), "signal": _opt(_str), "note": _str, "sender": _opt(_str),
@@ -531,11 +542,33 @@ def check_incident(inc: Incident) -> None:
             if not ok(v):
                 shown = name if prefix != "root_cause." or name != "cls" else "class"
                 raise DecodeError(f"not a ckptwatch incident: field {prefix}{shown}: {_cut(repr(v))} is not of its type")
-    for i, c in enumerate(inc.commands):  # what alerts and pages print: text only
-        if not isinstance(c, dict) or not all(isinstance(k, str) and (v is None or isinstance(v, str))
-                                              for k, v in c.items()):
+    for i, c in enumerate(inc.commands):  # what alerts and pages print: text, purpose and command always
+        if (not isinstance(c, dict) or not all(isinstance(c.get(k), str) for k in ("purpose", "command"))
+                or not all(isinstance(k, str) and (v is None or isinstance(v, str)) for k, v in c.items())):
             raise DecodeError(f"not a ckptwatch incident: field commands[{i}]: {_cut(repr(c))} is not an object of "
-                              "strings")
+                              "strings with a purpose and a command")
+    _check_state(inc.checkpoint_state)
+
+
+#: checkpoint_state keys the reports read as lists of ranks (``finished``: ranks that wrote
+#: their part, ...), and as counts
+_STATE_RANKS = ("finished", "expected_ranks", "started_not_finished", "not_started")
+_STATE_INTS = ("world_size",)
+
+
+def _check_state(state: dict[str, Any]) -> None:
+    """Raises DecodeError when a key of ``checkpoint_state`` that the reports read holds
+    another type than the detectors write (a list of ranks, a count)."""
+    for key in _STATE_RANKS:
+        v = state.get(key)
+        if v is not None and not (isinstance(v, list) and all(_int(r, 32) for r in v)):
+            raise DecodeError(f"not a ckptwatch incident: field checkpoint_state.{key}: {_cut(repr(v))} is not a list "
+                              "of ranks")
+    for key in _STATE_INTS:
+        v = state.get(key)
+        if v is not None and not _int(v):
+            raise DecodeError(f"not a ckptwatch incident: field checkpoint_state.{key}: {_cut(repr(v))} is not an "
+                              "integer")
 
 
 def save_fact_key(fact: SaveFact) -> bytes:

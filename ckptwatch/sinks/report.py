@@ -69,15 +69,16 @@ def render_text(incidents: list[Incident], console: Console, stats: dict[str, An
     _open_saves(console, (stats or {}).get("open_saves") or [])
     for inc in incidents:
         rc = inc.root_cause
-        style = SEV_STYLE.get(inc.severity, "")
-        console.print(f"[{style}]{inc.severity.upper()}[/{style}] [bold]{inc.kind}[/bold]  job {escape(str(inc.job))}  "
-                      f"step {'not in the logs' if inc.step is None else inc.step}  [dim]id {inc.id} · {inc.status}[/dim]")
+        style = SEV_STYLE.get(inc.severity, "bold")
+        console.print(f"[{style}]{escape(inc.severity.upper())}[/{style}] [bold]{escape(inc.kind)}[/bold]  "
+                      f"job {escape(str(inc.job))}  step {'not in the logs' if inc.step is None else inc.step}  "
+                      f"[dim]id {escape(inc.id)} · {escape(inc.status)}[/dim]")
         console.print(f"  checkpoint   {escape(inc.checkpoint_path or 'path not in the logs')}")
         if rc:
-            sig = f" ({rc.signal})" if rc.signal else ""
+            sig = escape(f" ({rc.signal})") if rc.signal else ""
             where = ", ".join(f"{k} {v}" for k, v in (("rank", rc.rank), ("host", rc.host), ("pid", rc.pid))
                               if v is not None) or "rank unknown"
-            console.print(f"  root cause   [bold]{rc.cls}{sig}[/bold] on {escape(where)}, at {_ts(rc.ts)}")
+            console.print(f"  root cause   [bold]{escape(rc.cls)}{sig}[/bold] on {escape(where)}, at {_ts(rc.ts)}")
             if rc.line:
                 console.print(f"               [dim]{escape(_telling_line(rc.line)[:160])}[/dim]")
             if rc.note:
@@ -87,9 +88,9 @@ def render_text(incidents: list[Incident], console: Console, stats: dict[str, An
         console.print(f"  collateral   ranks {_ranks(inc.collateral)}")
         cs = inc.checkpoint_state
         if cs.get("verdict"):  # corrupt_checkpoint: what verification found
-            console.print(f"  files        {cs['verdict']}: {cs.get('problems')} problem(s) in {cs.get('files')} files "
-                          f"({cs.get('bytes')} bytes), manifest {'used' if cs.get('manifest') else 'none'}; "
-                          f"first: {escape(str(cs.get('detail') or '-'))}")
+            console.print(escape(f"  files        {cs['verdict']}: {cs.get('problems')} problem(s) in {cs.get('files')} "
+                                 f"files ({cs.get('bytes')} bytes), manifest {'used' if cs.get('manifest') else 'none'}; "
+                                 f"first: {cs.get('detail') or '-'}"))
         elif "expected_ranks" in cs:
             console.print(f"  shards       expected ranks {_ranks(cs.get('expected_ranks', []))}; finished: "
                           f"{_ranks(cs.get('finished', []))}; started, not finished: "
@@ -106,8 +107,8 @@ def render_text(incidents: list[Incident], console: Console, stats: dict[str, An
         if inc.commands:
             console.print("  commands")
             for c in inc.commands:
-                console.print(f"    [bold]{escape(c['command'])}[/bold]  [dim]# {c['purpose']}: {escape(c['source'])}[/dim]",
-                              soft_wrap=True)
+                console.print(f"    [bold]{escape(c['command'])}[/bold]  [dim]# {escape(c['purpose'])}: "
+                              f"{escape(str(c.get('source') or ''))}[/dim]", soft_wrap=True)
         console.print("  timeline")
         for line in timeline(inc):
             console.print(f"    {escape(line)}", soft_wrap=True)
