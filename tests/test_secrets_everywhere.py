@@ -50,6 +50,13 @@ SHAPES = [
     ("url: %2Fservices%2FT0AAAAAAA%2FB0BBBBBBB%2FencSLACK0a1b2c3d4e5f6g7", "encSLACK0a1b2c3d4e5f6g7"),
     ("url: /api/v10/webhooks/123456789012345678/discordV10secretTOKEN0123?wait=true", "discordV10secretTOKEN0123"),
     ("https://d1.cloudfront.net/ckpt?Expires=1764489600&Signature=cfSIGsecret0a1b2c~x&Key-Pair-Id=K2J", "cfSIGsecret0a1b2c"),
+    # and the fourth's: JSON-escaped slashes, twice URL-encoded, an encoded bearer, tokens after "_"
+    ('{"url": "https:\\/\\/hooks.slack.com\\/services\\/T0AB12CD3\\/B0EF45GH6\\/escSLACK0a1b2c3d4e5f6g"}',
+     "escSLACK0a1b2c3d4e5f6g"),
+    ("u=%253FX-Amz-Signature%253Ddbl0encoded0123456789abcdef", "dbl0encoded0123456789abcdef"),
+    ("auth=Bearer%20encBearer0123456789", "encBearer0123456789"),
+    ("SLACK_xoxb-1234567890-underscoreSlack", "xoxb-1234567890-underscoreSlack"),
+    ("flags glffct-FeatureFlagClient0123456", "glffct-FeatureFlagClient0123456"),
 ]
 
 FIELDS = ("checkpoint_path", "last_good_path", "root_line", "root_note", "evidence", "checkpoint_state", "remediation",
