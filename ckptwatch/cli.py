@@ -666,7 +666,7 @@ def sink_cmd(
                     _err.print(f"[dim]{s.events_inserted} new events, {s.incidents_upserted} incident writes, "
                                f"{s.bad_messages} bad messages skipped"
                                + (f", {s.offsets_lost} offsets lost to retention" if s.offsets_lost else "")
-                               + (f", {s.sources_shared} files followed by two collectors" if s.sources_shared else "")
+                               + (f", {s.sources_shared} file(s) followed by two collectors" if s.sources_shared else "")
                                + f"; database {escape(cfg.sink.db)}[/dim]",
                                soft_wrap=True)
                 _alerts_done(alerter, once=False)
