@@ -361,3 +361,53 @@ def test_markup_in_an_incidents_text_is_printed_as_text():
     buf = StringIO()
     report.render_text([inc], Console(file=buf, width=200, emoji=False, color_system=None))
     assert "[/x] ([bold])" in buf.getvalue() and "[/y]  # [/x]: [/z]" in buf.getvalue()
+
+
+def test_the_fifth_attack_rounds_shapes_are_bad_messages_or_read():
+    """Arrow batches whose columns polars rejects or panics on (a struct, a decimal256, an
+    interval, a timestamp out of range or in no known zone, a column twice) stopped the sink
+    and every detector on every restart; a 600,000-character time in an incident made a dead
+    letter over the producer's limit, which stopped the sink; a last good checkpoint without
+    its step broke the console channel."""
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
+    from alert_support import sigkill_incident
+    from kafka.consumer.fetcher import ConsumerRecord
+
+    base = ipc.open_stream(arrow({"offset": 1}, {"offset": 2})).read_all()
+    n = base.num_rows
+
+    def value(table: pa.Table) -> bytes:
+        out = pa.BufferOutputStream()
+        with ipc.new_stream(out, table.schema) as w:
+            w.write_table(table)
+        return out.getvalue().to_pybytes()
+
+    def swap(name: str, column: pa.Array) -> pa.Table:
+        return base.set_column(base.column_names.index(name), name, column)
+
+    ignored = [base.append_column("extra", pa.array([pa.MonthDayNano([1, 1, 1])] * n, pa.month_day_nano_interval())),
+               base.append_column("extra", pa.array([1] * n, pa.decimal256(76, 0)))]
+    bad = [base.append_column("line", base.column("line")),
+           swap("offset", pa.array([{"a": 1}] * n)),
+           swap("job", pa.array([10**15] * n, pa.timestamp("s", tz="UTC"))),
+           swap("ts", pa.array([10**15] * n, pa.timestamp("s", tz="UTC"))),
+           swap("rank", pa.array([1] * n, pa.decimal256(76, 0))),
+           swap("ts", pa.array([1] * n, pa.timestamp("s", tz="America/New_York")))]
+    events, skipped, counts = codec.decode_events_skipping([value(t) for t in ignored + bad] + [arrow({"offset": 7})])
+    assert counts == [n, n] + [0] * len(bad) + [1]
+    assert [i for i, _ in skipped] == list(range(2, 2 + len(bad)))
+    assert events["offset"].to_list() == [1, 2, 1, 2, 7]
+
+    good = sigkill_incident().to_dict()
+    with pytest.raises(codec.DecodeError) as e:
+        codec.decode_incident(json.dumps({**good, "first_ts": "A" * 600_000}).encode())
+    assert len(str(e.value)) < 1100
+    with pytest.raises(codec.DecodeError, match="last_good_checkpoint"):
+        codec.decode_incident(json.dumps({**good, "last_good_checkpoint": {"path": "/ckpt/x"}}).encode())
+    record = ConsumerRecord("t.incidents", 0, None, 5, 0, 0, b"k", b"v" * 999_000, [("h", b"x" * 2000)], None, 1, 999_000, 0)
+    letter = dead_letters.dead_letter(record, "E" * 900_000, topic="t.dlq", group="g")
+    headers = dict(letter.headers)
+    assert letter.value is None and headers[dead_letters.VALUE_DROPPED_HEADER].startswith(b"999000 bytes")
+    assert len(headers[dead_letters.ERROR_HEADER]) == dead_letters.ERROR_BYTES

@@ -179,12 +179,19 @@ def decode_floors(value: bytes | None) -> dict[str, int]:
     return floors
 
 
+#: the longest reason a DecodeError gives (a field's value quoted in it is cut first, by
+#: :func:`_cut`; an exception's own text, such as fromisoformat's, quotes it whole)
+MESSAGE_CHARS = 1000
+
+
 class DecodeError(Exception):
     """A message, or events of it, that are not what the topic carries. The text names the
     field; the consumer adds topic, partition and offset. ``kept``: how many events of the
     message were still taken (0: none, the message is left out whole)."""
 
     def __init__(self, message: str, *, kept: int = 0) -> None:
+        if len(message) > MESSAGE_CHARS:  # the reason travels in a dead letter's header and a log line
+            message = f"{message[:MESSAGE_CHARS]}… [cut: {len(message) - MESSAGE_CHARS} more characters]"
         super().__init__(message)
         self.kept = kept
 
@@ -387,14 +394,66 @@ def _decode_arrow(values: list[bytes], n: int) -> tuple[pl.DataFrame, list[int]]
         tables = [ipc.open_stream(v).read_all() for v in values]
         for t in tables:  # string columns valid UTF-8, offsets in bounds: DuckDB and polars trust them
             t.validate(full=True)
-    except (pa.ArrowException, OSError, ValueError) as e:  # a cut stream is an OSError ("Expected to be able to read")
+        tables = [_typed(t, what) for t in tables]
+    except (pa.ArrowException, OSError, ValueError, TypeError, OverflowError) as e:  # a cut stream is an OSError
         raise DecodeError(f"not a ckptwatch events batch ({what}): {e}") from None
     try:
-        whole = [tables[0] if len(tables) == 1 else pa.concat_tables(tables, promote_options="permissive")]
-    except pa.ArrowException:  # schemas that do not unify (another producer's): each converted on its own
-        whole = tables
-    frames = [_checked_events(t, what) for t in whole]
-    return (frames[0] if len(frames) == 1 else pl.concat(frames)), [t.num_rows for t in tables]
+        whole = [tables[0] if len(tables) == 1 else pa.concat_tables(tables)]
+        frames = [_checked_events(t, what) for t in whole]
+        return (frames[0] if len(frames) == 1 else pl.concat(frames)), [t.num_rows for t in tables]
+    except DecodeError:
+        raise
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # noqa: BLE001 -- the last guard: pyo3's PanicException is a BaseException
+        raise DecodeError(f"not a ckptwatch events batch ({what}): {type(e).__name__}: {e}") from None
+
+
+#: the Arrow type each event column is cast to before polars reads it
+_ARROW_TYPES = {pl.Utf8: pa.large_string(), pl.Int32: pa.int32(), pl.Int64: pa.int64(), TS: pa.timestamp("ns", "UTC")}
+_UTC_NAMES = (None, "UTC", "Etc/UTC", "+00:00", "Z")
+
+
+def _stringy(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
+
+
+def _typed(table: pa.Table, what: str) -> pa.Table:
+    """The event columns of an Arrow ``table``, each of a type that casts to its
+    EVENT_SCHEMA type (strings or dictionary-encoded strings, integers or their text, UTC
+    timestamps or integer nanoseconds; nulls) and cast to it, safely (an overflow raises): what polars
+    then reads as it is. Other columns are left out. Raises DecodeError for a duplicate or
+    missing column or a column of another type (a struct, a decimal, an interval, a union,
+    a timestamp in another zone), which polars would reject or panic on."""
+    names = table.column_names
+    if len(set(names)) != len(names):
+        raise DecodeError(f"not a ckptwatch events batch ({what}): a column appears twice")
+    missing = [c for c in EVENT_SCHEMA if c not in names]
+    if missing:
+        raise DecodeError(f"not a ckptwatch events batch ({what}): no column {', '.join(missing)}")
+    columns = []
+    for name, dtype in EVENT_SCHEMA.items():
+        col = table.column(name)
+        t = col.type
+        if pa.types.is_dictionary(t):
+            t = t.value_type
+            col = col.cast(t)
+        if pa.types.is_null(t):
+            ok = True
+        elif dtype == pl.Utf8:  # a foreign producer's integers read as their text, as polars would
+            ok = _stringy(t) or pa.types.is_integer(t)
+        elif dtype == TS:
+            ok = pa.types.is_integer(t) or (pa.types.is_timestamp(t) and t.tz in _UTC_NAMES)
+            if ok and pa.types.is_timestamp(t) and t.tz != "UTC":
+                col = col.cast(pa.timestamp(t.unit))  # a naive or other-spelled UTC time: UTC
+                col = pa.chunked_array([c.view(pa.int64()) for c in col.chunks]).cast(pa.int64())
+                col = col.cast(pa.timestamp(t.unit, "UTC"))
+        else:  # integers, or their text (a cast that does not parse raises)
+            ok = pa.types.is_integer(t) or _stringy(t)
+        if not ok:
+            raise DecodeError(f"not a ckptwatch events batch ({what}): column {name} is of type {t}")
+        columns.append(col.cast(_ARROW_TYPES[dtype], safe=True))
+    return pa.table(columns, names=list(EVENT_SCHEMA))
 
 
 def _checked_events(table: pa.Table, what: str) -> pl.DataFrame:
@@ -508,7 +567,7 @@ _INCIDENT_FIELDS: dict[str, Callable[[Any], bool]] = {
     "severity": lambda v: v in SEVERITIES, "status": lambda v: v in STATUSES,
     "first_ts": _time, "detected_ts": _opt(_time), "checkpoint_state": lambda v: isinstance(v, dict),
     "collateral": lambda v: isinstance(v, list) and all(_int(r, 32) for r in v),
-    "last_good_checkpoint": _opt(lambda v: isinstance(v, dict) and _opt(_int)(v.get("step"))
+    "last_good_checkpoint": _opt(lambda v: isinstance(v, dict) and _int(v.get("step"))  # always a step
                                  and _opt(_str)(v.get("path"))),
     "commands": lambda v: isinstance(v, list) and all(isinstance(c, dict) for c in v),
 }

@@ -25,15 +25,31 @@ PARTITION_HEADER = "ckptwatch-dlq-partition"
 OFFSET_HEADER = "ckptwatch-dlq-offset"
 ERROR_HEADER = "ckptwatch-dlq-error"
 GROUP_HEADER = "ckptwatch-dlq-group"
+#: set on a dead letter kept without its value (too large with the headers added)
+VALUE_DROPPED_HEADER = "ckptwatch-dlq-value-dropped"
+#: the longest reason kept in :data:`ERROR_HEADER`, in bytes
+ERROR_BYTES = 2048
+#: the largest dead letter published: under kafka-python's default ``max_request_size`` (1 MiB)
+#: with room for the record batch's own overhead
+MAX_BYTES = 1_000_000
 
 
-def dead_letter(record: ConsumerRecord, error: str, *, topic: str, group: str) -> Message:
+def dead_letter(record: ConsumerRecord, error: str, *, topic: str, group: str,
+                max_bytes: int = MAX_BYTES) -> Message:
     """``record`` as a message of the dead-letter ``topic``, left out by consumer ``group``
-    for ``error`` (see the module docstring). A record with neither key nor value gets an
-    empty key (Kafka needs one of them)."""
+    for ``error`` (see the module docstring; cut to :data:`ERROR_BYTES`). A record with
+    neither key nor value gets an empty key (Kafka needs one of them). One that would be
+    over ``max_bytes`` with these headers (the producer refuses it, and the sink could never
+    get past its record) is kept without its value, :data:`VALUE_DROPPED_HEADER` saying so."""
+    reason = error.encode("utf-8", "replace")[:ERROR_BYTES]
     headers = tuple((k, v) for k, v in (record.headers or ()))
     headers += ((TOPIC_HEADER, record.topic.encode()), (PARTITION_HEADER, str(record.partition).encode()),
-                (OFFSET_HEADER, str(record.offset).encode()), (ERROR_HEADER, error.encode()),
+                (OFFSET_HEADER, str(record.offset).encode()), (ERROR_HEADER, reason),
                 (GROUP_HEADER, group.encode()))
-    key = record.key if record.key is not None or record.value is not None else b""
-    return Message(topic, key, record.value, headers=headers)
+    value = record.value
+    size = len(record.key or b"") + len(value or b"") + sum(len(k) + len(v or b"") for k, v in headers)
+    if value is not None and size > max_bytes:
+        headers += ((VALUE_DROPPED_HEADER, f"{len(value)} bytes: over the {max_bytes} a dead letter may hold".encode()),)
+        value = None
+    key = record.key if record.key is not None or value is not None else b""
+    return Message(topic, key, value, headers=headers)
