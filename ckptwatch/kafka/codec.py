@@ -531,11 +531,15 @@ def decode_incident(value: bytes | None) -> Incident:
     _sane_json(d, "ckptwatch incident")
     try:
         inc = Incident.from_dict(d)
+        check_incident(inc)
+    except DecodeError:
+        raise
     except KeyError as e:
         raise DecodeError(f"not a ckptwatch incident: no field {e}") from None
     except (ValueError, TypeError, AttributeError) as e:
         raise DecodeError(f"not a ckptwatch incident: {e}") from None
-    check_incident(inc)
+    except Exception as e:  # noqa: BLE001 -- the last guard: nothing a message holds stops a consumer
+        raise DecodeError(f"not a ckptwatch incident: {type(e).__name__}: {e}") from None
     return inc
 
 
@@ -669,6 +673,10 @@ def decode_save_fact(value: bytes | None) -> SaveFact:
         raise DecodeError("not a ckptwatch save fact: JSON nested too deep") from None
     except (ValueError, TypeError, AttributeError, OverflowError) as e:  # OverflowError: int(1e400)
         raise DecodeError(f"not a ckptwatch save fact: {e}") from None
+    except DecodeError:
+        raise
+    except Exception as e:  # noqa: BLE001 -- the last guard: nothing a message holds stops a consumer
+        raise DecodeError(f"not a ckptwatch save fact: {type(e).__name__}: {e}") from None
     times = [fact.first_ts] if fact.first_ts else []
     ints = [fact.step, *(s for _, s, _ in fact.losses), *fact.missing] + (
         [fact.world_size] if fact.world_size is not None else [])
