@@ -204,9 +204,10 @@ class Detector:
                 self.stats.after_conclusion += rows.height
             tomb = self.released.get(job)
             if tomb is not None:
-                late = rows.filter(pl.col("ts") <= tomb[0])
+                cut = pl.lit(tomb[0]).cast(rows["ts"].dtype)  # a time read back from DuckDB is Etc/UTC
+                late = rows.filter(pl.col("ts") <= cut)
                 self.stats.after_release += late.height
-                rows = rows.filter(pl.col("ts") > tomb[0])
+                rows = rows.filter(pl.col("ts") > cut)
                 if rows.is_empty():
                     continue
             state = self.jobs.get(job)
