@@ -38,6 +38,16 @@ def docker_engine() -> bool:
         return False
 
 
+def step_until(member, done, timeout: float = 60.0):
+    """Step a Kafka group ``member`` (sink or detector) until ``done(member)``; fails the test
+    after ``timeout`` seconds, naming the member's stats. Returns the member."""
+    deadline = time.monotonic() + timeout
+    while not done(member):
+        member.step()
+        assert time.monotonic() < deadline, f"the member stopped at {getattr(member, 'stats', None)}"
+    return member
+
+
 def fresh_config(bootstrap: str, tmp: Path, *, partitions: int = 1) -> Config:
     """A config with topics and groups of its own, so tests sharing a broker never meet."""
     tag = uuid.uuid4().hex[:8]

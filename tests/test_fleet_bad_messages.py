@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 
 import duckdb
 import polars as pl
@@ -21,7 +20,7 @@ import pytest
 from alert_support import sent
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kafka_support import failing_save, fresh_config, topic_messages
+from kafka_support import failing_save, fresh_config, step_until, topic_messages
 
 from ckptwatch.config import AlertSettings
 from ckptwatch.detectors.incident import Incident
@@ -169,10 +168,7 @@ def test_detector_and_sink_skip_count_report_and_keep_every_bad_shape_and_page_w
     metrics, notes = Metrics(), []
     member = DetectorMember(cfg, on_message=notes.append, poll_timeout=0.2, metrics=metrics)  # raised before
     try:
-        deadline = time.monotonic() + 60
-        while not (member.joined and member.stats.events >= 9):
-            member.step()
-            assert time.monotonic() < deadline, f"the detector stopped at {member.stats}"
+        step_until(member, lambda m: m.joined and m.stats.events >= 9)
         member.finish()
     finally:
         member.close()
@@ -191,10 +187,7 @@ def test_detector_and_sink_skip_count_report_and_keep_every_bad_shape_and_page_w
     said: list[str] = []
     sink = SinkMember(cfg, store, alerter=alerter, poll_timeout=0.2, on_message=said.append, metrics=metrics)
     try:
-        deadline = time.monotonic() + 60
-        while not sent(httpserver, "/hook"):
-            sink.step()
-            assert time.monotonic() < deadline, f"nothing paged: {sink.stats}"
+        step_until(sink, lambda m: sent(httpserver, "/hook"))
         stored = sorted(store.con.execute('SELECT source_id, "offset" FROM events').fetchall())
         incidents = store.con.execute("SELECT job, kind, step FROM incidents").fetchall()
     finally:
@@ -257,10 +250,7 @@ def test_a_fanout_header_naming_no_partition_stores_its_copy_and_says_so(kafka_b
     store, said = Store(cfg.sink.db), []
     sink = SinkMember(cfg, store, poll_timeout=0.2, on_message=said.append)
     try:
-        deadline = time.monotonic() + 60
-        while sink.stats.events_received < 4:
-            sink.step()
-            assert time.monotonic() < deadline, f"the sink stopped at {sink.stats}"
+        step_until(sink, lambda m: m.stats.events_received >= 4)
         stored = [o for (o,) in store.con.execute('SELECT "offset" FROM events ORDER BY 1').fetchall()]
     finally:
         sink.close()

@@ -9,11 +9,10 @@ says which offsets it never received in one line and counts them
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 from kafka import KafkaAdminClient, TopicPartition
-from kafka_support import fresh_config
+from kafka_support import fresh_config, step_until
 
 from ckptwatch.kafka.admin import ensure_topics
 from ckptwatch.kafka.producer import Message, Publisher
@@ -42,13 +41,16 @@ def run(make, done, timeout: float = 60.0):
     """A member made by ``make()``, stepped until ``done(member)``, then closed."""
     member = make()
     try:
-        deadline = time.monotonic() + timeout
-        while not done(member):
-            member.step()
-            assert time.monotonic() < deadline, "the member did not get there"
+        return step_until(member, done, timeout)
     finally:
         member.close()
-    return member
+
+
+def never_received(topic: str, first: int, last: int, role: str, group: str) -> str:
+    """What a ``role`` ('sink' or 'detector') of consumer ``group`` says of offsets lost on partition 0."""
+    lost = "stored" if role == "sink" else "judged"
+    return (f"{topic} partition 0: offsets {first} to {last} ({last - first + 1} message(s)) were never received: "
+            f"the topic's retention deleted them before {role} group {group} read them; their events are not {lost}")
 
 
 def test_offsets_deleted_before_the_sink_and_the_detectors_read_them_are_reported_and_counted(kafka_bootstrap, tmp_path):
@@ -80,12 +82,9 @@ def test_offsets_deleted_before_the_sink_and_the_detectors_read_them_are_reporte
         store.close()
     assert kept == [(0,), (1,), (2,), (5,), (6,)]
     topic = cfg.kafka.events_topic
-    assert [n for n in said if "never received" in n] == [
-        f"{topic} partition 0: offsets 3 to 4 (2 message(s)) were never received: the topic's retention deleted "
-        f"them before sink group {cfg.sink.group} read them; their events are not stored"]
+    assert [n for n in said if "never received" in n] == [never_received(topic, 3, 4, "sink", cfg.sink.group)]
     assert [n for n in notes if "never received" in n] == [
-        f"{topic} partition 0: offsets 3 to 4 (2 message(s)) were never received: the topic's retention deleted "
-        f"them before detector group {cfg.detect.group} read them; their events are not judged"]
+        never_received(topic, 3, 4, "detector", cfg.detect.group)]
     assert sink.stats.offsets_lost == member.stats.offsets_lost == 2
     # one Metrics for both, as in run --kafka: the same two offsets count once in the process
     assert 'ckptwatch_records_skipped_total{reason="offsets_lost"} 2.0' in metrics.exposition()
@@ -118,12 +117,9 @@ def test_a_partition_retention_emptied_is_reported_before_anything_new_is_publis
     finally:
         store.close()
     topic = cfg.kafka.events_topic
-    assert [n for n in said if "never received" in n] == [
-        f"{topic} partition 0: offsets 2 to 4 (3 message(s)) were never received: the topic's retention deleted "
-        f"them before sink group {cfg.sink.group} read them; their events are not stored"]
+    assert [n for n in said if "never received" in n] == [never_received(topic, 2, 4, "sink", cfg.sink.group)]
     assert [n for n in notes if "never received" in n] == [
-        f"{topic} partition 0: offsets 2 to 4 (3 message(s)) were never received: the topic's retention deleted "
-        f"them before detector group {cfg.detect.group} read them; their events are not judged"]
+        never_received(topic, 2, 4, "detector", cfg.detect.group)]
     assert sink.stats.offsets_lost == member.stats.offsets_lost == 3
 
 

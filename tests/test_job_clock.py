@@ -9,15 +9,11 @@ from __future__ import annotations
 import os
 import time
 
+from log_support import two_saves
+
 from ckptwatch.pipeline import diagnose
 
-TRAIN = """\
-[2026-11-30 10:00:00,000] [INFO] [rank0] step 100 loss 2.1
-[2026-11-30 10:00:05,000] [INFO] [rank0] Saving checkpoint to /ckpt/runC/checkpoint-100
-[2026-11-30 10:00:09,000] [INFO] [rank0] Saved checkpoint to /ckpt/runC/checkpoint-100
-[2026-11-30 10:01:00,000] [INFO] [rank0] step 200 loss 1.9
-[2026-11-30 10:01:05,000] [INFO] [rank0] Saving checkpoint to /ckpt/runC/checkpoint-200
-"""
+TRAIN = two_saves("2026-11-30", "runC", second_saved=False)
 
 
 def test_a_time_less_file_copied_today_does_not_age_the_jobs_saves(tmp_path):

@@ -9,25 +9,13 @@ import subprocess
 import sys
 
 import duckdb
+from log_support import two_saves
 
 from ckptwatch.pipeline import PipelineOptions, diagnose
 
-RUN_A = """\
-[2026-11-30 10:00:00,000] [INFO] [rank0] step 100 loss 2.1
-[2026-11-30 10:00:05,000] [INFO] [rank0] Saving checkpoint to /ckpt/runA/checkpoint-100
-[2026-11-30 10:00:09,000] [INFO] [rank0] Saved checkpoint to /ckpt/runA/checkpoint-100
-[2026-11-30 10:01:00,000] [INFO] [rank0] step 200 loss 1.9
-[2026-11-30 10:01:05,000] [INFO] [rank0] Saving checkpoint to /ckpt/runA/checkpoint-200
-torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB
-"""
-RUN_B = """\
-[2026-12-01 09:00:00,000] [INFO] [rank0] step 100 loss 2.1
-[2026-12-01 09:00:05,000] [INFO] [rank0] Saving checkpoint to /ckpt/runB/checkpoint-100
-[2026-12-01 09:00:09,000] [INFO] [rank0] Saved checkpoint to /ckpt/runB/checkpoint-100
-[2026-12-01 09:01:00,000] [INFO] [rank0] step 200 loss 1.9
-[2026-12-01 09:01:05,000] [INFO] [rank0] Saving checkpoint to /ckpt/runB/checkpoint-200
-[2026-12-01 09:01:09,000] [INFO] [rank0] Saved checkpoint to /ckpt/runB/checkpoint-200
-"""
+RUN_A = two_saves("2026-11-30", "runA", second_saved=False,
+                  tail="torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n")
+RUN_B = two_saves("2026-12-01", "runB", second_saved=True, hour=9)
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:

@@ -13,9 +13,8 @@ followed by which two collectors as soon as both publish it, before any copy exi
 from __future__ import annotations
 
 import dataclasses
-import time
 
-from kafka_support import failing_save, fresh_config
+from kafka_support import failing_save, fresh_config, step_until
 
 from ckptwatch.ingest.layout import compile_template
 from ckptwatch.kafka import codec
@@ -43,6 +42,17 @@ def test_a_source_is_reported_once_per_second_collector_and_never_without_one():
     assert shared.published(None, {"s1": "/logs/r0.log"}) == []  # a collector older than the field
     shared.published("h4:/d.json", {"s4": "x", "s5": "y", "s6": "z"})  # s1..s3 forgotten (3 kept)
     assert shared.published("h2:/b.json", {"s1": "/logs/r0.log"}) == []  # known anew as h2's
+
+
+def test_pairs_of_collectors_are_bounded_and_a_forgotten_pair_is_said_again():
+    shared = SharedSources(max_pairs=2)
+    shared.published("a:/o", {"s1": "/l/1"})
+    for other in ("b:/o", "c:/o", "d:/o"):  # three pairs found on s1: (a, b) is forgotten
+        assert [f.new_pair for f in shared.published(other, {"s1": "/l/1"})] == [True]
+    assert len(shared._pairs) == 2
+    shared.published("a:/o", {"s2": "/l/2"})
+    assert [f.new_pair for f in shared.published("b:/o", {"s2": "/l/2"})] == [True]  # (a, b) said again
+    assert [f.new_pair for f in shared.published("d:/o", {"s2": "/l/2"})] == [False]  # (a, d) still known
 
 
 def test_the_sources_header_names_its_collector_and_an_older_header_still_decodes():
@@ -82,10 +92,7 @@ def test_the_sink_names_each_file_two_collectors_publish_and_stores_its_lines_on
     store, said, metrics = Store(cfg.sink.db), [], Metrics()
     sink = SinkMember(cfg, store, poll_timeout=0.2, on_message=said.append, metrics=metrics)
     try:
-        deadline = time.monotonic() + 60
-        while sink.stats.events_received < 24:  # 8 events of job-a from each collector, 8 of job-b
-            sink.step()
-            assert time.monotonic() < deadline, f"the sink stopped at {sink.stats}"
+        step_until(sink, lambda m: m.stats.events_received >= 24)  # 8 of job-a from each collector, 8 of job-b
         stored = store.con.execute("SELECT job, count(*), count(DISTINCT line) FROM events GROUP BY job ORDER BY job"
                                    ).fetchall()
     finally:
@@ -122,10 +129,7 @@ def test_a_second_collector_that_starts_after_a_sink_restart_is_named(kafka_boot
         store = Store(cfg.sink.db)  # a sink session per collector, on the same database
         sink = SinkMember(cfg, store, poll_timeout=0.2, on_message=said.append)
         try:
-            deadline = time.monotonic() + 60
-            while sink.stats.events_received < 8:
-                sink.step()
-                assert time.monotonic() < deadline, f"the sink stopped at {sink.stats}"
+            step_until(sink, lambda m: m.stats.events_received >= 8)
             kept = store.con.execute("SELECT DISTINCT collector FROM sources").fetchall()
         finally:
             sink.close()

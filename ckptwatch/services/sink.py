@@ -36,6 +36,7 @@ import datetime as dt
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from kafka import TopicPartition
 from kafka.errors import IllegalStateError, KafkaError
@@ -71,6 +72,16 @@ class SinkStats:
     broker_waits: int = 0
     #: files found followed by two collectors (:mod:`ckptwatch.sinks.shared_sources`)
     sources_shared: int = 0
+
+
+class _ToStore(NamedTuple):
+    """What :meth:`SinkMember._to_store` finds in a batch of events records."""
+
+    records: list[ConsumerRecord]  # the records to store
+    floors: dict[str, int]  # source -> the lowest floor the headers give
+    floored: list[bool]  # per record kept: it gave floors
+    files: dict[str, tuple[str, str | None]]  # source -> (path, host)
+    collectors: dict[str, str]  # source -> its first collector
 
 
 class SinkMember:
@@ -117,7 +128,6 @@ class SinkMember:
         self._gaps = OffsetGaps()  # of the events topic
         self.shared_sources = SharedSources()  # which collector publishes each file
         self._fanout_known: set[int] = set()  # partitions of the events topic, as last looked up
-        self._claimed: dict[str, str | None] = {}  # the batch's sources -> the collector kept for each
         self._outage = Outage(k.bootstrap_servers, self.on_message)
         self.member = GroupMember(k, config.sink.group, [k.events_topic, k.incidents_topic], client_id="ckptwatch-sink",
                                   on_assigned=self._assigned, on_revoked=self._revoked, on_wait=self.on_message)
@@ -258,7 +268,7 @@ class SinkMember:
                     incidents[inc.id] = inc  # the latest version of each id wins
                 except DecodeError as e:
                     bad.append((r, e))
-        event_recs, floors, floored, files = self._to_store(event_recs)
+        event_recs, floors, floored, files, claimed = self._to_store(event_recs)
         events, bad_events, counts = decode_events_skipping([r.value for r in event_recs])
         bad += [(event_recs[i], e) for i, e in bad_events]
         self._dead_letters(sorted(bad, key=lambda b: (b[0].topic, b[0].partition, b[0].offset)))
@@ -272,8 +282,7 @@ class SinkMember:
         done = {(tp.topic, tp.partition): off for tp, off in offsets.items()}
         with self.store.transaction():
             added, written = self.store.commit_kafka_batch(events, incidents.values(), done, floors, unfloored,
-                                                           files=files, collectors={
-                                                               s: c for s, c in self._claimed.items() if c})
+                                                           files=files, collectors=claimed)
             if self.alerter:
                 self.alerter.notify(incidents.values())
         self._stored.update(done)
@@ -285,14 +294,13 @@ class SinkMember:
         self.member.commit(offsets)
         return len(records)
 
-    def _to_store(self, records: list[ConsumerRecord]
-                  ) -> tuple[list[ConsumerRecord], dict[str, int], list[bool], dict[str, tuple[str, str | None]]]:
+    def _to_store(self, records: list[ConsumerRecord]) -> _ToStore:
         """The events records to store (of a host key's copies, the one its
         :data:`~ckptwatch.kafka.codec.FANOUT_HEADER` names), the sources' floors their
         headers give (the lowest when several messages give one; see
-        :mod:`ckptwatch.sinks.stored_offsets`), whether each record kept gave floors, and
+        :mod:`ckptwatch.sinks.stored_offsets`), whether each record kept gave floors,
         the sources' ``(path, host)`` their :data:`~ckptwatch.kafka.codec.SOURCES_HEADER`
-        names (the newest message's)."""
+        names (the newest message's), and the first collector of each source it names."""
         keep: list[ConsumerRecord] = []
         floors: dict[str, int] = {}
         floored: list[bool] = []
@@ -322,18 +330,17 @@ class SinkMember:
                     self.on_message(f"{r.topic} partition {r.partition} offset {r.offset}: {e}; ignored")
             keep.append(r)
             floored.append(given)
-        self._collectors(claims)
-        return keep, floors, floored, files
+        return _ToStore(keep, floors, floored, files, self._collectors(claims))
 
-    def _collectors(self, claims: list[tuple[str, dict[str, str]]]) -> None:
+    def _collectors(self, claims: list[tuple[str, dict[str, str]]]) -> dict[str, str]:
         """Note which collector published each source (``claims``, in message order): the
         first one of a source, looked up in the database when this process has not seen it
         (it may have been published before a restart), is kept there by the next commit. A
         source published by another collector is said (once per pair of collectors), and
-        counted (``ckptwatch_sources_shared_total``)."""
-        self._claimed = {}
+        counted (``ckptwatch_sources_shared_total``). Returns each named source's first
+        collector, to keep in the store."""
         if not claims:
-            return
+            return {}
         seen = {sid for _, named in claims for sid in named}
         self.shared_sources.learn(self.store.collectors_of(self.shared_sources.unknown(seen)))
         for collector, named in claims:
@@ -342,7 +349,8 @@ class SinkMember:
                 self.metrics.sources_shared.inc()
                 if shared.new_pair:  # one line per pair of collectors, the rest counted
                     self.on_message(shared.message())
-        self._claimed = {sid: self.shared_sources.collector_of(sid) for sid in seen}
+        first = {sid: self.shared_sources.collector_of(sid) for sid in seen}
+        return {sid: c for sid, c in first.items() if c}
 
     def _fanout(self, r: ConsumerRecord, value: bytes | None) -> int | None:
         """The partition whose copy of a host event is stored, as ``r``'s

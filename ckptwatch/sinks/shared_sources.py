@@ -26,6 +26,9 @@ from dataclasses import dataclass
 #: sources remembered (the newest published); a source forgotten and published again by the
 #: other collector is reported again
 SOURCES_MAX = 200_000
+#: pairs of collectors remembered as found sharing a file (the newest found); a pair forgotten
+#: is said again when it is found again
+PAIRS_MAX = 10_000
 
 
 @dataclass(frozen=True)
@@ -50,13 +53,14 @@ class SharedSource:
 
 class SharedSources:
     """Which collector published each source (bounded: :data:`SOURCES_MAX`, least recently
-    published forgotten first)."""
+    published forgotten first; pairs of collectors found, :data:`PAIRS_MAX`)."""
 
-    def __init__(self, max_sources: int = SOURCES_MAX) -> None:
+    def __init__(self, max_sources: int = SOURCES_MAX, max_pairs: int = PAIRS_MAX) -> None:
         self._by: OrderedDict[str, str] = OrderedDict()
         self._max = max_sources
         self._reported: dict[str, set[str]] = {}  # source -> the other collectors reported for it
-        self._pairs: set[tuple[str, str]] = set()  # pairs of collectors found sharing a file
+        self._pairs: OrderedDict[tuple[str, str], None] = OrderedDict()  # collectors found sharing a file
+        self._max_pairs = max_pairs
 
     def unknown(self, source_ids: Iterable[str]) -> list[str]:
         """The ``source_ids`` this object holds no collector for (to look up in the store)."""
@@ -88,7 +92,8 @@ class SharedSources:
                     reported.add(collector)
                     pair = (min(before, collector), max(before, collector))
                     found.append(SharedSource(sid, path, before, collector, pair not in self._pairs))
-                    self._pairs.add(pair)
+                    self._pairs[pair] = None
+                    self._pairs.move_to_end(pair)
                 continue  # the first publisher keeps it: one report per pair, not one per message
             self._by[sid] = collector
             self._by.move_to_end(sid)
@@ -99,3 +104,5 @@ class SharedSources:
         while len(self._by) > self._max:
             sid, _ = self._by.popitem(last=False)
             self._reported.pop(sid, None)
+        while len(self._pairs) > self._max_pairs:
+            self._pairs.popitem(last=False)
