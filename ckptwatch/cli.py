@@ -199,6 +199,7 @@ def diagnose_cmd(
                 os.rename(pasted, pasted + ".gz")
                 pasted += ".gz"
             paths = [pasted if p == "-" else p for p in paths]
+            options = dataclasses.replace(options, name_unlabelled=False)  # a paste's job-less lines: 'unknown'
         try:
             incidents, stats = diagnose(paths, options, progress=_Progress(_err) if _err.is_terminal else None)
         except (RuleError, OpenFileLimitError) as e:

@@ -69,11 +69,14 @@ class EmbeddedRunner:
         db = os.path.abspath(db_path)
         self.checkpoints = checkpoints  # its verification log is tailed with the logs
         extra = [str(checkpoints.log)] if checkpoints else []
+        self._roots = [os.path.abspath(p) for p in (logs_dir, *extra)]
+        self._detector_config = self.options.detector_for([logs_dir])
         self.watcher = SourceWatcher([logs_dir, *extra], template=self.options.template, boot_time=self.options.boot_time,
                                      line_prefix=self.options.line_prefix, poll_bytes=self.options.poll_bytes,
                                      committed=self._stored, exclude=lambda p: os.path.abspath(p) == db,
                                      max_open_files=self.options.max_open_files, job=self.options.job)
         self.stats = self.watcher.stats
+        self.stats.unlabelled_job = self._detector_config.unlabelled_job
         self.retention = retention
         self._retention_due: dt.datetime | None = None
         self.detector = self._restored_detector()
@@ -82,10 +85,11 @@ class EmbeddedRunner:
         """A detector rebuilt from the store: its tombstones and checkpoint registry, the live
         jobs' events replayed (bounded by them, not by history), and the open incidents
         adopted (still its to withdraw or resolve when late lines come)."""
-        detector = Detector(self.options.detector)
+        detector = Detector(self._detector_config)
         released, registry = self.store.released()
         detector.restore(released, registry)
-        stored = self.store.events_to_replay()
+        # the job-less lines of the files this run reads: another directory's are another job's
+        stored = self.store.events_to_replay(self._detector_config.unlabelled_job, self._roots)
         if not stored.is_empty():
             detector.process_frame(stored)
         detector.adopt(self.store.open_incidents())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import os
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -42,7 +43,9 @@ class PipelineOptions:
     held open at most, the others read in turns (None: the open-file limit minus
     :data:`~ckptwatch.ingest.handles.HEADROOM`; see :mod:`ckptwatch.ingest.handles`);
     ``job``: the job of every file whose path the template names none (``--job``: one
-    job's paste, or one run's directory).
+    job's paste, or one run's directory). ``name_unlabelled``: the lines that name no job
+    are judged as the job named after the directory read (:func:`unlabelled_job`); off
+    for a paste on standard input, whose lines are job ``unknown``.
     """
 
     template: re.Pattern[str] | None = None
@@ -54,11 +57,49 @@ class PipelineOptions:
     rule_scopes: tuple[str, ...] | None = None
     max_open_files: int | None = None
     job: str | None = None
+    name_unlabelled: bool = True
+
+    def detector_for(self, paths: Iterable[str]) -> DetectorConfig:
+        """:attr:`detector`, judging the lines that name no job as the job named after
+        ``paths`` (:func:`unlabelled_job`) when :attr:`name_unlabelled`."""
+        if not self.name_unlabelled:
+            return self.detector
+        return dataclasses.replace(self.detector, unlabelled_job=unlabelled_job(paths))
 
 
 #: event kinds that belong to one rank of a job: without a rank, blame and shard checks are blind
 RANKED_KINDS = ("save_start", "save_end", "save_error", "process_exit", "collective_timeout", "collective_error",
                 "load_error")
+
+
+def unlabelled_job(paths: Iterable[str]) -> str:
+    """The job of lines that no path label, line or ``--job`` names: the name of the
+    directory read (``run --logs /data/llama-7b`` or ``diagnose llama-7b/``: ``llama-7b``);
+    a directory named for what it holds (``logs``, ``output``: :data:`GENERIC_DIRS`) is
+    named with its parent (``llama-7b/logs``); of one file given, its name without
+    extensions (``diagnose job123.log``: ``job123``); of several files, the directory that
+    holds them. Two directories read one after the other
+    into one database are then two jobs, as they were two runs. ``unknown`` when the paths
+    given are in directories of different names, or at the file system's root."""
+    paths = [os.path.abspath(p) for p in paths]
+    if len(paths) == 1 and not os.path.isdir(paths[0]):
+        stem = os.path.basename(paths[0]).split(".", 1)[0]
+        if stem:
+            return stem
+    names = {_directory_name(p if os.path.isdir(p) else os.path.dirname(p)) for p in paths}
+    return names.pop() if len(names) == 1 and "" not in names else "unknown"
+
+
+#: directory names that say what a directory holds, not which run: named with their parent
+GENERIC_DIRS = frozenset({"log", "logs", "out", "output", "outputs", "stdout", "console", "consoles", "run", "runs",
+                          "train", "training", "job", "jobs", "tmp"})
+
+
+def _directory_name(path: str) -> str:
+    """``path``'s last component; ``a/logs`` for a generic one (:data:`GENERIC_DIRS`)."""
+    name = os.path.basename(path)
+    parent = os.path.basename(os.path.dirname(path))
+    return f"{parent}/{name}" if name.lower() in GENERIC_DIRS and parent else name
 
 
 def detector_config(detect: DetectSettings, base: DetectorConfig | None = None) -> DetectorConfig:
@@ -148,7 +189,8 @@ def _diagnose(paths: list[str], options: PipelineOptions, progress: Callable[[St
                             line_prefix=options.line_prefix, archives=True, poll_bytes=options.poll_bytes,
                             max_open_files=options.max_open_files, job=options.job)
     stats = watcher.stats
-    detector = Detector(options.detector)
+    detector = Detector(options.detector_for(paths))
+    stats.unlabelled_job = detector.config.unlabelled_job
     try:
         while True:
             records = watcher.poll(final=True)

@@ -178,11 +178,14 @@ def snapshot(db_path: str | Path) -> dict:
     return {"incidents": incidents, "evidence": evidence, "event_keys": keys}
 
 
-def run_embedded(logs: Path, db: Path) -> dict:
-    """``ckptwatch run --once`` in this process; returns :func:`snapshot` of its database."""
+def run_embedded(logs: Path, db: Path, *, named: bool = True) -> dict:
+    """``ckptwatch run --once`` in this process; returns :func:`snapshot` of its database.
+    ``named`` False: job-less lines are job ``unknown``, as separate ``ckptwatch detect``
+    services judge them (``run`` names them after the directory read)."""
     from ckptwatch.embedded import EmbeddedRunner
+    from ckptwatch.pipeline import PipelineOptions
 
-    runner = EmbeddedRunner(str(logs), str(db))
+    runner = EmbeddedRunner(str(logs), str(db), PipelineOptions(name_unlabelled=named))
     try:
         runner.run(once=True)
     finally:

@@ -211,5 +211,5 @@ def test_a_chained_traceback_names_its_exception_line_and_the_errno_after_it(tmp
         "OSError: [Errno 28] No space left on device\n")
     (inc,), _ = diagnose([str(tmp_path)])
     assert inc.root_cause.line == "RuntimeError: [enforce fail at inline_container.cc:626] . unexpected pos 1472 vs 1366"
-    assert headline(inc) == ("storage_failure_during_save: job unknown: save of step 20 (/ck/checkpoint-20) failed on "
+    assert headline(inc) == (f"storage_failure_during_save: job {tmp_path.name}: save of step 20 (/ck/checkpoint-20) failed on "
                              "storage: ENOSPC (rank 0); last good: step 10 (/ck/checkpoint-10)")

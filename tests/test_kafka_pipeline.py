@@ -29,7 +29,8 @@ def test_whole_corpus_two_detector_processes(copy_scenario, kafka_bootstrap, tmp
     for s in SCENARIOS:
         copy_scenario(s)
     logs = tmp_path  # every scenario's copy lies under tmp_path/<scenario>
-    embedded = run_embedded(logs, tmp_path.parent / f"{tmp_path.name}-embedded.duckdb")
+    embedded = run_embedded(logs, tmp_path.parent / f"{tmp_path.name}-embedded.duckdb",
+                            named=False)  # `ckptwatch detect` services: job-less lines are unknown
 
     cfg = fresh_config(kafka_bootstrap, tmp_path.parent, partitions=4)
     env = cli_env(cfg)
@@ -72,7 +73,8 @@ def test_rebalance_moves_partitions_without_changing_incidents(copy_scenario, ka
     leaves (the rest move to B, which replays them). Same incidents, none published twice."""
     for s in SCENARIOS:
         copy_scenario(s)
-    embedded = run_embedded(tmp_path, tmp_path.parent / f"{tmp_path.name}-embedded.duckdb")
+    embedded = run_embedded(tmp_path, tmp_path.parent / f"{tmp_path.name}-embedded.duckdb",
+                            named=False)  # `ckptwatch detect` services: job-less lines are unknown
     cfg = fresh_config(kafka_bootstrap, tmp_path.parent, partitions=4)
     env = cli_env(cfg)
     # deadlines, not durations: generous, so that a loaded machine is slow, not failing

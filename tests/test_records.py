@@ -192,7 +192,7 @@ def test_events_without_job_or_rank_are_reported_with_the_option_that_fixes_them
     r = cli("diagnose", tmp_path)
     assert "carry no job" not in r.stdout  # one file is one job by necessity: nothing to say
     # the report's own section on a log that ends inside a save, what it means and what to do
-    assert "The logs end inside a save" in r.stdout and "step 40 of job unknown  /ckpt/step_40" in r.stdout
+    assert "The logs end inside a save" in r.stdout and f"step 40 of job {tmp_path.name}  /ckpt/step_40" in r.stdout
     assert "verify it (ckptwatch verify PATH) before resuming from it" in r.stdout
     (tmp_path / "b.log").write_text("2026-11-30 10:05:00,000 INFO train: saving checkpoint step 40 to /ckpt/step_40\n")
     r = cli("diagnose", tmp_path)

@@ -155,7 +155,7 @@ def test_a_replay_larger_than_its_memory_limit_is_read_unbounded_not_a_crash(tmp
     monkeypatch.setattr(store_module, "REPLAY_MEMORY_LIMIT", "1MB")
     with pytest.raises(duckdb.OutOfMemoryException):  # the limit alone does not fit it
         with store._memory_limit("1MB"):
-            store._replay_query()
+            store._replay_query("unknown", None)
     replay = store.events_to_replay()
     assert replay.height == 60_000 and replay["offset"].is_sorted()
     assert store.con.execute("SELECT current_setting('memory_limit')").fetchall() == (

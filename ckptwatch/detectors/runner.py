@@ -73,6 +73,11 @@ class DetectorConfig:
     #: <ckptwatch.detectors.jobstate.JobState._prune>`)
     progress_cap: int = MAX_PROGRESS
     payload_keep: int = PAYLOAD_KEEP
+    #: the job of the events that name none (no path label, line or ``--job``): ``run`` and
+    #: ``diagnose`` name it after the directory they read (:func:`ckptwatch.pipeline.unlabelled_job`),
+    #: so two directories read into one database are two jobs; the fleet's detectors keep
+    #: :data:`UNKNOWN_JOB`. Folded into the one named job when there is one (:meth:`Detector.adopt_unlabelled`).
+    unlabelled_job: str = "unknown"
 
 
 @dataclass
@@ -97,6 +102,7 @@ class Detector:
 
     def __init__(self, config: DetectorConfig | None = None) -> None:
         self.config = config or DetectorConfig()
+        self._unlabelled = self.config.unlabelled_job  # the job of the events that name none
         self.jobs: dict[str, JobState] = {}
         self.host_events: dict[str, Ev] = {}
         self._host_arrival: dict[str, dt.datetime] = {}  # dedup key -> wall time it arrived
@@ -148,7 +154,7 @@ class Detector:
                 if ev.attrs.get("scope") == "host":
                     continue
                 # a rank-less storage error or OOM report in a job's own files is that job's too
-            job = ev.job or UNKNOWN_JOB
+            job = ev.job or self._unlabelled
             if job in self._concluded:
                 self.stats.after_conclusion += 1
             tomb = self.released.get(job)
@@ -175,7 +181,7 @@ class Detector:
     def _new_job(self, job: str) -> JobState:
         # the events that name no job may be folded into a named job (adopt_unlabelled): their
         # progress lines keep their labels and attrs, to be filed and read there again
-        keep = self.config.progress_cap if job == UNKNOWN_JOB else self.config.payload_keep
+        keep = self.config.progress_cap if job == self._unlabelled else self.config.payload_keep
         return JobState(job, progress_cap=self.config.progress_cap, payload_keep=keep)
 
     def process_frame(self, events: pl.DataFrame, *, now: dt.datetime | None = None) -> None:
@@ -198,7 +204,7 @@ class Detector:
         newest = metrics.filter(pl.col("ts") <= limit)["ts"].max()
         if newest is not None and (self.max_ts is None or newest > self.max_ts):
             self.max_ts = newest
-        metrics = metrics.with_columns(pl.col("job").fill_null(UNKNOWN_JOB))
+        metrics = metrics.with_columns(pl.col("job").fill_null(self._unlabelled))
         for (job,), rows in metrics.group_by("job", maintain_order=True):
             if job in self._concluded:
                 self.stats.after_conclusion += rows.height
@@ -239,8 +245,8 @@ class Detector:
         so unlabelled events arriving later are folded as they come. ``live``: a job
         released (see :class:`DetectorConfig`) whose newest event is not older than the
         oldest unlabelled event makes it ambiguous: nothing is folded."""
-        named = [j for j in self.jobs if j != UNKNOWN_JOB]
-        unknowns = [u for u in (self.jobs.get(UNKNOWN_JOB), *others) if u is not None]
+        named = [j for j in self.jobs if j != self._unlabelled]
+        unknowns = [u for u in (self.jobs.get(self._unlabelled), *others) if u is not None]
         if not unknowns or len(named) != 1 or self._concluded - set(named):
             return False
         if live and self.released:
@@ -271,12 +277,12 @@ class Detector:
     def take_unlabelled(self) -> JobState | None:
         """Remove and return job ``unknown`` (the events that name no job), to be folded into
         the one named job another detector holds (:meth:`adopt_unlabelled`'s ``others``)."""
-        self._evaluated_at.pop(UNKNOWN_JOB, None)
+        self._evaluated_at.pop(self._unlabelled, None)
         for ids in (self._loading, self._loads_dirty, self._dirty, self._fresh):
-            ids.discard(UNKNOWN_JOB)
+            ids.discard(self._unlabelled)
         for table in (self._open_saves, self._unfinished):
-            table.pop(UNKNOWN_JOB, None)
-        return self.jobs.pop(UNKNOWN_JOB, None)
+            table.pop(self._unlabelled, None)
+        return self.jobs.pop(self._unlabelled, None)
 
     def watermark(self, now: dt.datetime | None = None) -> dt.datetime | None:
         """Newest event time of any job minus the allowed lateness, advanced by idle wall
@@ -407,9 +413,9 @@ class Detector:
         :meth:`adopt_unlabelled`). Lines of a concluded job that come after all (a file whose
         lines name another job than its path), and host events of its hosts, are counted in
         ``stats.after_conclusion``. Returns the incidents that changed."""
-        targets = {j for j in jobs if j in self.jobs and j != UNKNOWN_JOB and j not in self._loading}
-        named = {j for j in self.jobs if j != UNKNOWN_JOB} | self._concluded
-        if not targets or (UNKNOWN_JOB in self.jobs and len(named) < 2):
+        targets = {j for j in jobs if j in self.jobs and j != self._unlabelled and j not in self._loading}
+        named = {j for j in self.jobs if j != self._unlabelled} | self._concluded
+        if not targets or (self._unlabelled in self.jobs and len(named) < 2):
             return []  # the lines that name no job may yet be folded into the one job (adopt_unlabelled)
         wall = now or dt.datetime.now(dt.timezone.utc)
         for job in targets:
@@ -458,8 +464,8 @@ class Detector:
         the job holds twice the events it kept."""
         if len(state.events) < self._retire_at.get(job, retire.RETIRE_MIN):
             return 0
-        named = sum(j != UNKNOWN_JOB for j in self.jobs)
-        if (named if job == UNKNOWN_JOB else named == 1 and UNKNOWN_JOB in self.jobs):
+        named = sum(j != self._unlabelled for j in self.jobs)
+        if (named if job == self._unlabelled else named == 1 and self._unlabelled in self.jobs):
             return 0
         old = retire.retirable(saves, cutoff)
         if old:

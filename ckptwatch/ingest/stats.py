@@ -32,6 +32,8 @@ class Stats:
     #: events of a job's own kinds that carry no job, and per job those that carry no rank
     #: (neither rank nor local rank), with a few of their files: see :meth:`label_warnings`
     no_job: int = 0
+    #: the job those events are judged as (:func:`ckptwatch.pipeline.unlabelled_job`)
+    unlabelled_job: str = "unknown"
     #: saves seen to start and not to finish, with no failure, at the end of a one-shot read: (job, step, path)
     open_saves: list[tuple[str, int, str | None]] = field(default_factory=list)
     no_rank: dict[str, int] = field(default_factory=dict)
@@ -78,7 +80,8 @@ class Stats:
         if self.no_job and self.files > 1:  # one file or a paste is one job by necessity
             files = ", ".join(self.unlabelled_files.get("", [])[:3])
             out["no-job"] = (f"{self.no_job} event(s) carry no job (e.g. in {files}): they are judged together as job "
-                       "'unknown'; name the job with --path-template, e.g. '{job}/rank{rank}.log' or "
+                       f"'{self.unlabelled_job}' (the directory's name); name the job with --job NAME (one run), "
+                       "or with --path-template, e.g. '{job}/rank{rank}.log' or "
                        "'{job}/{host}/*.log' (a directory named after the job, read through a template), or "
                        "log torchrun's launch configuration (LOGLEVEL=INFO prints its run_id)")
         for job, n in sorted(self.no_rank.items()):

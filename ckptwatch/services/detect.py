@@ -81,7 +81,6 @@ from ckptwatch.detectors import Detector, DetectorConfig, Incident
 from ckptwatch.detectors.checkpoints import BAD_KINDS
 from ckptwatch.kafka.admin import ensure_topics
 from ckptwatch.detectors.checkpoints import SaveFact
-from ckptwatch.detectors.runner import UNKNOWN_JOB
 from ckptwatch.kafka.codec import (DecodeError, decode_events_skipping, decode_incident, decode_save_fact,
                                    encode_incident, encode_save_fact, save_fact_key)
 from ckptwatch.kafka.consumer import (GroupMember, LossWatch, LostOffsets, OffsetGaps, Outage, TopicReader,
@@ -353,20 +352,23 @@ class DetectorMember:
         when that is knowable here: this member reads every partition of the events topic,
         each caught up, and its detectors hold one named job between them. They are keyed
         ``unknown`` by the collector, so may sit in another partition than the job's: folded
-        into the job's detector. Otherwise (a group of members) they stay job ``unknown``."""
-        if not any(UNKNOWN_JOB in det.jobs for det in self.detectors.values()):
+        into the job's detector. Otherwise (a group of members) they stay job ``unknown``
+        (``run --kafka`` names it after the directory it reads, as ``run`` does:
+        :attr:`DetectorConfig.unlabelled_job <ckptwatch.detectors.runner.DetectorConfig.unlabelled_job>`)."""
+        unlabelled = self.detector_config.unlabelled_job
+        if not any(unlabelled in det.jobs for det in self.detectors.values()):
             return
         if any(self.replaying(tp) or not self.caught_up(tp) for tp in self.detectors):
             return  # a fold cannot be undone: only with every partition read to its end
         topic = self.config.kafka.events_topic
         if {tp.partition for tp in self.detectors if tp.topic == topic} != set(self.publisher.partitions(topic)):
             return
-        named = {j for det in self.detectors.values() for j in det.jobs if j != UNKNOWN_JOB}
+        named = {j for det in self.detectors.values() for j in det.jobs if j != unlabelled}
         if len(named) != 1:
             return
         home = next(det for det in self.detectors.values() if named & set(det.jobs))
-        others = [det for det in self.detectors.values() if det is not home and UNKNOWN_JOB in det.jobs]
-        if home.adopt_unlabelled(live=not final, others=[det.jobs[UNKNOWN_JOB] for det in others]):
+        others = [det for det in self.detectors.values() if det is not home and unlabelled in det.jobs]
+        if home.adopt_unlabelled(live=not final, others=[det.jobs[unlabelled] for det in others]):
             for det in others:
                 det.take_unlabelled()
 

@@ -19,7 +19,7 @@ import dataclasses
 from collections.abc import Callable
 
 from ckptwatch.config import Config
-from ckptwatch.detectors import Incident
+from ckptwatch.detectors import DetectorConfig, Incident
 from ckptwatch.pipeline import PipelineOptions, detector_config
 from ckptwatch.rules import RuleSet
 from ckptwatch.services.collect import Collector
@@ -64,9 +64,10 @@ def _collector(config: Config, options: PipelineOptions, say: Say, metrics: Metr
                      job=options.job)
 
 
-def _detector(config: Config, options: PipelineOptions, say: Say, metrics: Metrics | None) -> DetectorMember:
-    return DetectorMember(config, detector_config=detector_config(config.detect, options.detector), on_message=say,
-                          metrics=metrics)
+def _detector(config: Config, options: PipelineOptions, say: Say, metrics: Metrics | None, *,
+              base: DetectorConfig | None = None) -> DetectorMember:
+    return DetectorMember(config, detector_config=detector_config(config.detect, base or options.detector),
+                          on_message=say, metrics=metrics)
 
 
 def detect(config: Config, options: PipelineOptions, *, until_idle: float | None, say: Say,
@@ -121,7 +122,8 @@ def run_all(config: Config, options: PipelineOptions, store: Store, *, once: boo
     member: DetectorMember | None = None
     try:
         collector = _collector(config, options, say, metrics)
-        member = _detector(config, options, say, metrics)
+        # one process reads the files: their job-less lines are named as ``run`` names them
+        member = _detector(config, options, say, metrics, base=options.detector_for(config.collect.paths))
         sinker = SinkMember(config, store, on_message=say, on_incident=on_incident, metrics=metrics,
                             alerter=alerter)
     except BaseException:  # no broker, or interrupted while waiting for one: close what was opened

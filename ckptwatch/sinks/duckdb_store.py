@@ -67,7 +67,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -466,19 +466,25 @@ class Store:
             df = self.con.sql(f'SELECT {_EVENT_COLS} FROM events ORDER BY ts, source_id, "offset"').pl()
         return df.with_columns(pl.col("attrs").cast(pl.Utf8)).cast(EVENT_SCHEMA)  # type: ignore[arg-type]
 
-    def events_to_replay(self) -> pl.DataFrame:
+    def events_to_replay(self, unlabelled: str = "unknown", roots: Sequence[str] | None = None) -> pl.DataFrame:
         """The stored events a restarted detector needs (EVENT_SCHEMA, in ``(ts, source_id,
         offset)`` order): those of jobs not released, and of released jobs newer than their
-        tombstone. Its size follows the live jobs, not the age of the database."""
+        tombstone. Its size follows the live jobs, not the age of the database.
+
+        ``unlabelled``: the job the detector gives the events that name none (the name its
+        tombstone has). ``roots``: the directories (or files) the run reads; events that name
+        no job are replayed only from the files under them, so a run over another directory
+        never takes in an earlier run's job-less lines (issue 36: they were judged again as
+        part of the new run's job). None: every file's."""
         # a join with the (small) released_jobs as build side streams the events (a NOT EXISTS
         # subquery held every row: 400 MB at 1 M stored events), and a memory limit keeps
         # DuckDB's buffer pool from caching the whole table as it scans it
         try:
             with self._memory_limit(REPLAY_MEMORY_LIMIT):
-                df = self._replay_query()
+                df = self._replay_query(unlabelled, roots)
         except duckdb.OutOfMemoryException:  # more live events than the limit sorts: read them unbounded
             with self._memory_limit(None):
-                df = self._replay_query()
+                df = self._replay_query(unlabelled, roots)
         return df.with_columns(pl.col("attrs").cast(pl.Utf8)).cast(EVENT_SCHEMA)  # type: ignore[arg-type]
 
     @contextlib.contextmanager
@@ -491,11 +497,19 @@ class Store:
         finally:
             self.con.execute(f"SET memory_limit = '{STORE_MEMORY_LIMIT}'")
 
-    def _replay_query(self) -> pl.DataFrame:
+    def _replay_query(self, unlabelled: str, roots: Sequence[str] | None) -> pl.DataFrame:
+        where, params = "", [unlabelled]
+        if roots is not None:
+            under = " OR ".join("s.file = ? OR starts_with(s.file, ?)" for _ in roots)
+            params += [x for root in roots for x in (root, root.rstrip(os.sep) + os.sep)]
+            # a job-less event of a file no longer in the sources table (forgotten) is not replayed either
+            where = (f"AND (e.job IS NOT NULL OR e.source_id IN (SELECT s.source_id FROM sources s WHERE {under})) "
+                     if roots else "AND e.job IS NOT NULL ")
         return self.con.sql(
             f"SELECT {', '.join('e.' + c for c in _EVENT_COLS.split(', '))} FROM events e "
-            "LEFT JOIN released_jobs r ON r.job = coalesce(e.job, 'unknown') "
-            'WHERE r.job IS NULL OR e.ts > r.max_ts ORDER BY e.ts, e.source_id, e."offset"').pl()
+            "LEFT JOIN released_jobs r ON r.job = coalesce(e.job, ?) "
+            f'WHERE (r.job IS NULL OR e.ts > r.max_ts) {where}ORDER BY e.ts, e.source_id, e."offset"',
+            params=params).pl()
 
     def save_released(self, released: Iterable[tuple[str, dt.datetime]], registry: dict) -> None:
         """Record released jobs ``(job, newest event time)`` and the registry snapshot, in one
