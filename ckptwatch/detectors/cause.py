@@ -263,7 +263,10 @@ def attribute(failures: list[Ev], state: JobState, expected: set[int],
             root_events = [first]
 
     collateral_events = [e for e in failures if e not in root_events]
-    collateral = sorted({r for e in collateral_events if (r := state.rank_of(e)) is not None} - {root.rank})
+    signalled = signalled_ranks(failures, state)
+    collateral = sorted({r for e in collateral_events
+                         if (r := state.rank_of(e) if e.pid not in signalled else signalled[e.pid]) is not None}
+                        - {root.rank})
     return Attribution(root=root, collateral=collateral, root_events=root_events,
                        collateral_events=collateral_events)
 
@@ -406,3 +409,32 @@ def _timeout_suspect(timeouts: list[Ev], state: JobState, expected: set[int]) ->
             if len(by_rank) > 1 else
             "only this rank's timeout is in the logs read: the rank it waited for cannot be told from them")
     return _root_from(first, "collective_timeout", rank, state, note=note), [first]
+
+
+def signalled_ranks(failures: list[Ev], state: JobState) -> dict[int, int]:
+    """The ranks of the workers a launcher signalled by pid alone (torchrun's "Sending
+    process 140122 closing signal SIGTERM", ``torch/distributed/elastic/multiprocessing/api.py``
+    ``SubprocessContext._close``), where the logs map no pid of theirs to a rank: pid ->
+    rank. torchrun starts a node's workers one after another in local-rank order, so their
+    pids rise with the rank; the pids of one launcher's file (those it signalled and those
+    its failure report names with their rank, "rank : 1 (local_rank: 1) exitcode : -9
+    (pid: 140123)") sorted give consecutive ranks. Only when every known pid sits where its
+    rank says (one offset for all) and the ranks fit the world size; else nothing."""
+    out: dict[int, int] = {}
+    by_source: dict[str, set[int]] = {}
+    for e in failures:
+        if e.kind == "agent_signal" and e.pid is not None and e.pid not in state.pid_rank:
+            by_source.setdefault(e.source_id, set()).add(e.pid)
+    for source, unknown in by_source.items():
+        known = {e.pid: r for e in failures if e.source_id == source and e.pid is not None
+                 and e.pid not in unknown and (r := state.rank_of(e)) is not None}
+        pids = sorted(unknown | set(known))
+        offsets = {r - pids.index(pid) for pid, r in known.items()}
+        if len(offsets) != 1:
+            continue
+        first = offsets.pop()
+        last = first + len(pids) - 1
+        if first < 0 or (state.world_size and last >= state.world_size):
+            continue
+        out.update((pid, first + pids.index(pid)) for pid in unknown)
+    return out

@@ -339,6 +339,10 @@ class RankProgress:
         return None
 
 
+#: host names a launcher reports that name no machine
+NO_HOST_NAMES = frozenset({"localhost", "localhost.localdomain", "127.0.0.1", "::1", "<N/A>", "N/A"})
+
+
 @dataclass
 class JobState:
     """Per-job state. ``job`` is the job id (torchrun run id)."""
@@ -350,6 +354,8 @@ class JobState:
     pid_rank: dict[int, int] = field(default_factory=dict)
     rank_pid: dict[int, int] = field(default_factory=dict)
     rank_host: dict[int, str] = field(default_factory=dict)
+    #: rank -> the host a launcher's failure report names for it (torchrun's ``host :``)
+    reported_host: dict[int, str] = field(default_factory=dict)
     local_to_rank: dict[tuple[str | None, int], int] = field(default_factory=dict)
     #: newest event time of the job (UTC), never past the wall clock by more than a day; of
     #: the events dated by a line of their own (or inheriting one's time) when there are any,
@@ -710,8 +716,11 @@ class JobState:
             self.labelled_ranks.add(ev.rank)
             if ev.pid is not None:
                 self._map_pid(ev.pid, ev.rank)
+            reported = ev.attrs.get("reported_host")  # a launcher's report names the rank's host (torchrun's 'host :')
             if ev.host:
                 self.rank_host.setdefault(ev.rank, ev.host)
+            elif isinstance(reported, str) and reported not in NO_HOST_NAMES:
+                self.reported_host.setdefault(ev.rank, reported)  # a name only: not where the node's lines are
             if ev.local_rank is not None:
                 if ev.host is None and ev.rank != ev.local_rank:
                     # a node other than the first, with no host label: its local ranks say
@@ -769,7 +778,10 @@ class JobState:
         return local_rank
 
     def host_of(self, rank: int | None) -> str | None:
-        return self.rank_host.get(rank) if rank is not None else None
+        """The host of ``rank``: its lines' host label, else the one a launcher reported for it."""
+        if rank is None:
+            return None
+        return self.rank_host.get(rank) or self.reported_host.get(rank)
 
     def arrived(self, ev: Ev, arrival: dt.datetime, *, ts_limit: dt.datetime | None = None) -> None:
         """Note that ``ev`` (a copy already known included) arrived at wall time ``arrival``:

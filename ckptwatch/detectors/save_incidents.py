@@ -188,7 +188,9 @@ def _incident(kind: str, state: JobState, s: SaveState, root, collateral: list[i
     step = None if s.step == UNKNOWN_STEP else s.step
     return Incident(
         kind=kind, job=state.job, step=step, checkpoint_path=s.path, root_cause=root, collateral=collateral,
-        checkpoint_state=s.state_dict(), last_good_checkpoint=last_good,
+        # the world size the job's lines state, beside the ranks seen saving (often rank 0 alone)
+        checkpoint_state={**s.state_dict(), **({"world_size": state.world_size} if state.world_size else {})},
+        last_good_checkpoint=last_good,
         remediation=remediation.for_save(kind, step, s.path, root, last_good, presumed=s.presumed), first_ts=first_ts,
         evidence=state.evidence(items),
     )

@@ -92,7 +92,8 @@ def render_text(incidents: list[Incident], console: Console, stats: dict[str, An
                                  f"files ({cs.get('bytes')} bytes), manifest {'used' if cs.get('manifest') else 'none'}; "
                                  f"first: {cs.get('detail') or '-'}"))
         elif "expected_ranks" in cs:
-            console.print(f"  shards       expected ranks {_ranks(cs.get('expected_ranks', []))}; finished: "
+            ws = f"world size {cs['world_size']}; " if cs.get("world_size") else ""
+            console.print(f"  shards       {ws}ranks seen saving {_ranks(cs.get('expected_ranks', []))}; finished: "
                           f"{_ranks(cs.get('finished', []))}; started, not finished: "
                           f"{_ranks(cs.get('started_not_finished', []))}; not started: {_ranks(cs.get('not_started', []))}")
         if cs.get("presumed"):
