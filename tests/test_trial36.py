@@ -38,9 +38,8 @@ CASES = {
     # world size: the paste says "4 GPUs (2 nodes x 2)" in prose only
     "c11_stdin_paste": ("paste-dcp", [("paste-dcp", "storage_failure_during_save", 400, "storage_error", 3, None,
                                        [1], None)]),
-    # collateral: the truth says all 8 (srun's "tasks 0-3: Terminated" ranges are not read)
-    "c12_slurm_preempt_titan": (None, [("slurm-99123", "interrupted_save", 5000, "signal", None, "nid001204", ANY,
-                                        None)]),
+    "c12_slurm_preempt_titan": (None, [("slurm-99123", "interrupted_save", 5000, "signal", None, "nid001204",
+                                        [0, 1, 2, 3, 4, 5, 6, 7], None)]),
     "c13_jsonl_save_retry_ok": (None, []),
 }
 

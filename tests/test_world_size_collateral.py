@@ -66,3 +66,29 @@ def test_the_report_shows_the_world_size_beside_the_ranks_seen_saving(tmp_path):
     assert "collateral   ranks 0, 2, 3" in out.stdout
     assert ("shards       world size 4; ranks seen saving 0; finished: none; started, not finished: 0; "
             "not started: none") in out.stdout
+
+
+def test_the_tasks_srun_reports_terminated_are_collateral_on_their_nodes(tmp_path):
+    """torchtitan under ``srun -l`` on two nodes, preempted in a save: srun reports each
+    node's tasks as a range ("nid001205: tasks 4-7: Terminated"); before, only its one-task
+    lines were read and the collateral was none."""
+    saves = "".join(f"{r}: [titan] 2025-10-01 02:42:02,90{r} - root - INFO - Saving the checkpoint (or staging if "
+                    "async is enabled).\n" for r in range(8))
+    (tmp_path / "slurm-99123.out").write_text(
+        saves
+        + "slurmstepd: error: *** STEP 99123.0 ON nid001204 CANCELLED AT 2025-10-01T02:42:09 DUE TO PREEMPTION ***\n"
+        "srun: Job step aborted: Waiting up to 32 seconds for job step to finish.\n"
+        "srun: error: nid001205: tasks 4-7: Terminated\n"
+        "srun: error: nid001204: tasks 0-3: Terminated\n")
+    (inc,), _ = diagnose([str(tmp_path)])
+    assert (inc.kind, inc.root_cause.cls, inc.root_cause.rank) == ("interrupted_save", "signal", None)
+    assert inc.collateral == [0, 1, 2, 3, 4, 5, 6, 7]
+
+
+def test_a_task_list_gives_its_ranks_and_nothing_else():
+    from ckptwatch.detectors.events import task_ranks
+
+    assert task_ranks("4-7") == {4, 5, 6, 7}
+    assert task_ranks("[0,2-3]") == {0, 2, 3}
+    assert task_ranks("3") == {3}
+    assert task_ranks("7-4") == task_ranks("0-999999") == task_ranks("a-b") == task_ranks(None) == set()

@@ -65,7 +65,7 @@ import datetime as dt
 import re
 from dataclasses import dataclass
 
-from ckptwatch.detectors.events import Ev
+from ckptwatch.detectors.events import Ev, task_ranks
 from ckptwatch.detectors.incident import RootCause
 from ckptwatch.detectors.jobstate import JobState
 
@@ -264,8 +264,9 @@ def attribute(failures: list[Ev], state: JobState, expected: set[int],
 
     collateral_events = [e for e in failures if e not in root_events]
     signalled = signalled_ranks(failures, state)
-    collateral = sorted({r for e in collateral_events
-                         if (r := state.rank_of(e) if e.pid not in signalled else signalled[e.pid]) is not None}
+    collateral = sorted(({r for e in collateral_events
+                          if (r := state.rank_of(e) if e.pid not in signalled else signalled[e.pid]) is not None}
+                         | {r for e in collateral_events for r in task_ranks(e.attrs.get("tasks"))})
                         - {root.rank})
     return Attribution(root=root, collateral=collateral, root_events=root_events,
                        collateral_events=collateral_events)
@@ -438,3 +439,4 @@ def signalled_ranks(failures: list[Ev], state: JobState) -> dict[int, int]:
             continue
         out.update((pid, first + pids.index(pid)) for pid in unknown)
     return out
+

@@ -203,3 +203,20 @@ def in_save(e: Ev) -> bool:
         return True
     return (e.kind == "storage_error" and e.attrs.get("class") in WRITE_ERROR_CLASSES
             and e.path is not None and names_checkpoint(e.path))
+
+
+def task_ranks(tasks: object) -> set[int]:
+    """The ranks of a launcher's task list (srun's ``0-3``, ``0,2-5``, ``[4-7]``); empty
+    for anything else. A list longer than 100,000 ranks is not expanded."""
+    out: set[int] = set()
+    if not isinstance(tasks, str):
+        return out
+    for part in tasks.strip("[]").split(","):
+        lo, _, hi = part.partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()):
+            return set()
+        first, last = int(lo), int(hi or lo)
+        if last < first or last - first > 100_000:
+            return set()
+        out.update(range(first, last + 1))
+    return out

@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import polars as pl
 
-from ckptwatch.detectors.events import LOADING_KINDS, Ev
+from ckptwatch.detectors.events import LOADING_KINDS, Ev, task_ranks
 from ckptwatch.detectors.incident import EvidenceItem
 from ckptwatch.frames import detached
 
@@ -712,6 +712,9 @@ class JobState:
                 self._map_pid(ev.pid, 0)  # the shell names the one process of a single-process job
             elif ev.local_rank is not None and ev.kind == "world_size" and (r := self.rank_of(ev)) is not None:
                 self._map_pid(ev.pid, r)  # a launcher's "process N spawned ... --local_rank=1" on a one-host job
+        if ev.host and ev.attrs.get("tasks") is not None:  # srun names the node of a task list
+            for r in task_ranks(ev.attrs.get("tasks")):
+                self.reported_host.setdefault(r, ev.host)
         if ev.rank is not None:
             self.labelled_ranks.add(ev.rank)
             if ev.pid is not None:
