@@ -100,7 +100,11 @@ class EvidenceItem:
 @dataclass
 class Incident:
     """One incident. Timestamps are UTC. ``detected_ts`` is wall-clock time of first detection;
-    every other field is a function of the events alone."""
+    every other field is a function of the events alone. ``first_ts`` is when what it reports
+    began as far as the lines' own times tell: a time a line inherited from an earlier line
+    bounds it from below only, and gives way to the next own time of that line's file (the
+    failure block, the next dated line: :class:`~ckptwatch.detectors.saves.Dating`); so does
+    ``root_cause.ts``."""
 
     kind: str
     job: str | None

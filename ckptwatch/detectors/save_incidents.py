@@ -41,11 +41,11 @@ import datetime as dt
 from dataclasses import dataclass
 
 from ckptwatch.detectors import own_clock, remediation
-from ckptwatch.detectors.cause import attribute
+from ckptwatch.detectors.cause import Attribution, attribute
 from ckptwatch.detectors.events import FAILURE_KINDS, Ev
 from ckptwatch.detectors.incident import Incident
 from ckptwatch.detectors.jobstate import JobState, Retired, ev_key
-from ckptwatch.detectors.saves import UNKNOWN_STEP, SaveState, saves_of, stored_elsewhere
+from ckptwatch.detectors.saves import OWN_TIME, UNKNOWN_STEP, Dating, SaveState, saves_of, stored_elsewhere
 
 
 #: The kinds this module reports.
@@ -153,26 +153,26 @@ def evaluate(
                        or (launcher_said and watermark >= failures[-1].ts + dt.timedelta(seconds=windows.confirm)))
             if not settled and not launcher_said:
                 continue
-            att = attribute(deaths or failures, state, s.expected, set(s.missing))
+            att = _dated(attribute(deaths or failures, state, s.expected, set(s.missing)), [*events, *host_events])
             assert att is not None
             kind = "storage_failure_during_save" if att.root.cls == "storage_error" else "interrupted_save"
             items = save_items + [(e, "root_cause") for e in att.root_events] + [
                 (e, "collateral") for e in att.collateral_events]
             out.append(_incident(kind, state, s, att.root, att.collateral, last_good, items,
-                                 min(s.first_ts, att.root.ts or s.first_ts)))
+                                 min(s.began, att.root.ts or s.began)))
             out[-1].provisional = not settled  # the launcher said the job failed; late lines may still come
         elif s.failed or (s.missing and s.done_ranks and _went_on(state, s)):
             if not (final or watermark >= s.first_ts + settle):
                 continue
-            if not (final or s.failed or clock is None or watermark - s.first_ts >= stall
+            if not (final or s.failed or clock is None or watermark - s.began >= stall
                     or own_clock.any_overdue(state, s, saves, clock, settle)):
                 continue  # each rank not finished is behind on its own host's clock: its lines may be on their way
-            att = attribute(list(s.failed.values()), state, s.expected)
+            att = _dated(attribute(list(s.failed.values()), state, s.expected), events)
             root = att.root if att else None
             out.append(_incident("partial_checkpoint", state, s, root, att.collateral if att else [], last_good,
-                                 save_items, s.first_ts))
-        elif watermark - s.first_ts >= stall:
-            out.append(_incident("stalled_save", state, s, None, [], last_good, save_items, s.first_ts))
+                                 save_items, s.began))
+        elif watermark - s.began >= stall:  # from a start dated by lines' own times (an inherited one is a lower bound)
+            out.append(_incident("stalled_save", state, s, None, [], last_good, save_items, s.began))
         again = any(x.step == step and x.complete and x.first_ts and x.first_ts > s.first_ts for x in saves.values())
         if step == UNKNOWN_STEP:  # of no known step: resolved only by a save that came after it
             mine = _first_key(s)
@@ -181,6 +181,16 @@ def evaluate(
         if len(out) > n_before and ((complete_steps and complete_steps[-1] > step and step != UNKNOWN_STEP) or again):
             out[-1].status = "resolved"  # a later save, or a later attempt of this step, completed
     return out
+
+
+def _dated(att: Attribution | None, events: list[Ev]) -> Attribution | None:
+    """``att`` with the time of its root cause dated as :class:`~ckptwatch.detectors.saves.Dating`
+    dates it among ``events`` when the root line's time is not its own (inherited from an
+    earlier line: the failure happened by the next own time of its file, not then)."""
+    root = att.root_events[0] if att is not None and att.root_events else None
+    if root is not None and root.ts_source not in OWN_TIME and att.root.ts == root.ts:
+        att.root.ts = Dating.of_events(events).of(root)
+    return att
 
 
 def _incident(kind: str, state: JobState, s: SaveState, root, collateral: list[int], last_good: dict | None,

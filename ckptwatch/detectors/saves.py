@@ -35,13 +35,25 @@ DCP trainers do), every rank that printed a save line in any of the job's saves;
 logs saves from one rank only (as HF Trainer does from the main process), that rank. A rank
 whose save lines are not in the logs read (a console filtered to some local ranks, files of
 a node without a host label) is not expected to say anything.
+
+**Times a line inherited.** A line without a time of its own carries the time of a line
+before it (:mod:`ckptwatch.ingest.timestamps`): a bound from below only, which may be long
+before the line was written (an untimed ``saving checkpoint`` print 40 minutes after the
+last dated line). Such a time orders the save among the job's lines as it always did
+(``first_ts``, the earliest start), but never stands for when the save began: that is
+:attr:`SaveState.began`, each start dated by :class:`Dating`, the earliest time of its own
+(parsed from its line or captured by a rule) among the job's lines after it in its file (the
+failure that cut the save, the next dated line); an incident's ``first_ts`` and the stall
+judgement (:mod:`.save_incidents`) and the picture (:mod:`ckptwatch.history.timeline`) go by it.
 """
 
 from __future__ import annotations
 
+import bisect
 import datetime as dt
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ckptwatch.detectors.events import FAILURE_KINDS, Ev, in_save
@@ -59,13 +71,73 @@ RELOAD_WINDOW = dt.timedelta(seconds=120)
 UNKNOWN_STEP = -(1 << 40)
 
 
+#: values of ``ts_source`` that are a line's own time: parsed from the line, or captured by a rule
+OWN_TIME = frozenset({"line", "rule"})
+
+
+class Dating:
+    """When lines without a time of their own happened, as far as the lines after them tell.
+
+    A time inherited from an earlier line (``ts_source`` ``inherited``) or taken from the
+    file's mtime says only that the line came no earlier. Such a line is dated by the
+    earliest own time (:data:`OWN_TIME`) among the lines given that come after it in its file
+    (by offset: a file is written in time order), and keeps its time when none does or that
+    one is earlier. A line with a time of its own keeps it.
+
+    ``places``: ``(source_id, offset, ts, ts_source)`` of the lines known (ts UTC); those
+    without an own time only need to be given to :meth:`at`. Construction is O(n log n);
+    :meth:`at` a binary search."""
+
+    def __init__(self, places: Iterable[tuple[str, int, dt.datetime, str | None]]) -> None:
+        by_source: dict[str, list[tuple[int, dt.datetime]]] = {}
+        for sid, offset, ts, source in places:
+            if source in OWN_TIME:
+                by_source.setdefault(sid, []).append((offset, ts))
+        self._offsets: dict[str, list[int]] = {}
+        self._earliest_from: dict[str, list[dt.datetime]] = {}  # the earliest own time from each index on
+        for sid, rows in by_source.items():
+            rows.sort(key=lambda r: r[0])
+            earliest: list[dt.datetime] = []
+            for _, ts in reversed(rows):
+                earliest.append(ts if not earliest or ts < earliest[-1] else earliest[-1])
+            earliest.reverse()
+            self._offsets[sid] = [offset for offset, _ in rows]
+            self._earliest_from[sid] = earliest
+
+    @classmethod
+    def of_events(cls, events: Iterable[Ev]) -> Dating:
+        """The dating the own times of ``events`` give."""
+        return cls((e.source_id, e.offset, e.ts, e.ts_source) for e in events)
+
+    def at(self, source_id: str, offset: int, ts: dt.datetime, ts_source: str | None) -> dt.datetime:
+        """The time of the line at ``offset`` of ``source_id`` whose time is ``ts`` (from
+        ``ts_source``): ``ts`` if it is the line's own, else the earliest own time of a later
+        line of its file when that is later than ``ts``, else ``ts``."""
+        if ts_source in OWN_TIME:
+            return ts
+        offsets = self._offsets.get(source_id)
+        if not offsets:
+            return ts
+        i = bisect.bisect_right(offsets, offset)
+        return max(ts, self._earliest_from[source_id][i]) if i < len(offsets) else ts
+
+    def of(self, e: Ev) -> dt.datetime:
+        """:meth:`at` for event ``e``."""
+        return self.at(e.source_id, e.offset, e.ts, e.ts_source)
+
+
 @dataclass
 class SaveState:
-    """One save. ``first_ts`` is the earliest start (UTC); ranks are global ranks."""
+    """One save. ``first_ts`` is the earliest start (UTC), by the times the lines carry, an
+    inherited one included: the save's place among the job's lines. ``began`` is when the save
+    began as far as times of the lines' own tell: the earliest start, one whose time is
+    inherited dated by :class:`Dating` (the next own time of its file); what is reported
+    (an incident's ``first_ts``) and judged (a stall) goes by it. Ranks are global ranks."""
 
     step: int
     path: str | None = None
     first_ts: dt.datetime | None = None
+    began: dt.datetime | None = None
     started: dict[int, Ev] = field(default_factory=dict)
     finished: dict[int, Ev] = field(default_factory=dict)
     implicit: dict[int, Ev] = field(default_factory=dict)
@@ -314,8 +386,14 @@ def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
             s.failed.setdefault(rank, ev)
     for i, old in enumerate(abandoned):
         saves[-(i + 1)] = old  # keyed apart; SaveState.step is the step
+    dating: Dating | None = None
     for s in saves.values():
         s.path = _per_rank_files_dir(s.paths) or s.path
+        firsts = list(s.started.values()) or list(s.finished.values())
+        s.began = s.first_ts
+        if any(e.ts_source not in OWN_TIME for e in firsts):  # a start no earlier than its time: dated by later lines
+            dating = dating or Dating.of_events(events)
+            s.began = min(dating.of(e) for e in firsts)
     # ranks that print save lines (not those only known from an error in save code)
     # (those of saves let go count: :mod:`.retire`)
     multi_rank = state.retired_multi or any(len(s.logged) > 1 for s in saves.values())

@@ -7,7 +7,9 @@ lane of its own for the host's kernel, storage and scheduler lines), and one for
 launcher; each save of a step as a bar from its start to its end (green: saved; red,
 hatched: cut off by a failure; grey: still open), the last good checkpoint's bars marked;
 the initiating event as a large red star, labelled with the root cause; collateral events
-(other ranks' reports of the same failure) as orange crosses; the rest by kind. Time is UTC.
+(other ranks' reports of the same failure) as orange crosses; the rest by kind. An event
+whose time is not its line's own (inherited from an earlier line), and a save bar that
+starts at one, are drawn faded (:data:`FADED`), where the timeline dates them. Time is UTC.
 Lane height is fixed, so a 64-rank job is a taller picture, not a squeezed one.
 
 Text from logs is drawn as text: matplotlib's mathtext (``$...$``) is off for every
@@ -66,6 +68,11 @@ KIND_STYLE = {
     "integrity": ("s", "#37474f", "integrity check"),
 }
 BAR_STYLE = {"saved": ("#66bb6a", None), "cut": ("#ef5350", "///"), "open": ("#bdbdbd", None)}
+#: the opacity of what has no time of its own (:attr:`Mark.approx <ckptwatch.history.timeline.Mark.approx>`,
+#: :attr:`Bar.approx <ckptwatch.history.timeline.Bar.approx>`)
+FADED = 0.4
+#: the legend's word for it
+FADED_LABEL = "faded: no time of its own (dated by a later line)"
 #: One picture at a time per process. matplotlib's drawing state is process-wide and not
 #: thread-safe: ``rcParams`` (``rc_context`` below swaps them for the whole process, not
 #: for one thread), pyplot's current figure (for any caller that uses pyplot), the font
@@ -133,7 +140,7 @@ def _draw(tl: Timeline) -> Figure:
         width = max(_num(bar.end) - _num(bar.start), span / 86400 / 400)
         ax.broken_barh([(_num(bar.start), width)], (row[bar.lane] - 0.32, 0.64), facecolors=colour, hatch=hatch,
                        edgecolor="#2e7d32" if bar.last_good else "none", linewidth=1.6 if bar.last_good else 0,
-                       zorder=2)
+                       zorder=2, alpha=FADED if bar.approx else 1.0)
     placed: list[float] = []
     stacked = 0
     for step, bars in _by_step(tl):
@@ -151,7 +158,7 @@ def _draw(tl: Timeline) -> Figure:
     seen: dict[str, tuple[str, str]] = {}
     for m in tl.marks:
         y = row[m.lane]
-        faded = 0.45 if m.approx else 1.0  # a time inherited from an earlier line
+        faded = FADED if m.approx else 1.0  # a time inherited from an earlier line
         if m.role == "root_cause":
             ax.scatter(_num(m.ts), y, marker="*", s=260, color="#d50000", edgecolor="black", linewidth=0.8, zorder=6,
                        alpha=faded)
@@ -219,9 +226,9 @@ def _draw(tl: Timeline) -> Figure:
                               linestyle="", label="collateral report"))
     handles += [Line2D([], [], marker=mk, color=c, linestyle="", markersize=7, label=name)
                 for name, (mk, c) in seen.items() if not name.startswith("save ")]
-    if any(m.approx for m in tl.marks):
-        handles.append(Line2D([], [], marker="o", color="#757575", alpha=0.45, linestyle="", markersize=7,
-                              label="faded: time inherited from an earlier line"))
+    if any(m.approx for m in tl.marks) or any(b.approx for b in tl.bars):
+        handles.append(Line2D([], [], marker="o", color="#757575", alpha=FADED, linestyle="", markersize=7,
+                              label=FADED_LABEL))
     if handles:
         ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -1.05 / (FRAME_IN + LANE_IN * len(lanes))),
                   ncol=min(len(handles), 5), fontsize=8, frameon=False)
@@ -268,7 +275,8 @@ def html_page(tl: Timeline, report_text: str, *, title: str | None = None, extra
     font from the network."""
     inc = tl.incident
     rows = "\n".join(
-        f"<tr class=\"{m.role}\"><td>{m.ts:%H:%M:%S.%f}</td><td>{html.escape(m.lane.label)}</td>"
+        f"<tr class=\"{m.role}\"><td>{m.ts:%H:%M:%S.%f}{' ≈ (no time of its own)' if m.approx else ''}</td>"
+        f"<td>{html.escape(m.lane.label)}</td>"
         f"<td>{m.role}</td><td>{m.kind}</td><td>{html.escape(m.file or '')}</td>"
         f"<td><code>{html.escape(m.line[:300])}</code></td></tr>" for m in tl.marks)
     name = html.escape(title or f"{inc.kind} · {inc.job} · step {inc.step}")

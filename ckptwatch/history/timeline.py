@@ -7,6 +7,13 @@ apart). :mod:`ckptwatch.history.plot` draws it.
 Built from the incident's evidence (always stored) and, when the database still holds
 them, the job's other events around it (``events``, without ``metric`` lines: a read
 snapshot has the same). Times are UTC.
+
+An event whose time is not its line's own (``ts_source`` ``inherited`` from an earlier line,
+or the file's ``mtime``: known from the ``events`` table) is drawn where the detectors date
+it (:class:`~ckptwatch.detectors.saves.Dating`: at the earliest own time of a later event of
+its file, never before the time it carries) and flagged ``approx`` (drawn faded), and so is
+a save bar that starts at such an event: an untimed save line printed 40 minutes after the
+last dated one neither stretches its save back to that line nor the picture with it.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from dataclasses import dataclass, field
 import duckdb
 
 from ckptwatch.detectors.incident import Incident
+from ckptwatch.detectors.saves import OWN_TIME, Dating
 from ckptwatch.history.read import has_table
 from ckptwatch.sinks.redact import Redactor
 
@@ -62,6 +70,8 @@ class Bar:
     end: dt.datetime
     outcome: str
     last_good: bool = False
+    #: the start is an event whose time is not its line's own (:attr:`Mark.approx`): drawn faded
+    approx: bool = False
 
 
 @dataclass(frozen=True)
@@ -75,7 +85,8 @@ class Mark:
     role: str
     line: str
     file: str | None = None
-    #: the time is not the line's own: inherited from an earlier line, or the file's mtime
+    #: the time is not the line's own (inherited from an earlier line, or the file's mtime):
+    #: ``ts`` is the time the detectors date it by (the next own time of its file), drawn faded
     approx: bool = False
 
 
@@ -126,15 +137,23 @@ def build_timeline(con: duckdb.DuckDBPyConnection | None, inc: Incident) -> Time
     ``con`` None (an incident ``diagnose`` just found, stored nowhere), from its evidence alone."""
     tl = Timeline(inc)
     evidence = {(e.source_id, e.offset): e for e in inc.evidence}
-    times = [e.ts for e in inc.evidence] or [inc.first_ts]
+    stored = _stored(con, list(evidence)) if con is not None and has_table(con, "events") else {}
+    # the window: around the evidence, each line whose time is not its own dated by the others' own times
+    dating = Dating((e.source_id, e.offset, e.ts, _source(stored.get(ref, {}))) for ref, e in evidence.items())
+    times = [dating.at(e.source_id, e.offset, e.ts, _source(stored.get(ref, {}))) for ref, e in evidence.items()]
+    times = times or [inc.first_ts]
     lo, hi = min(times) - dt.timedelta(seconds=MARGIN_S), max(times) + dt.timedelta(seconds=MARGIN_S)
     rows: list[dict] = []
     if con is not None and inc.job is not None and has_table(con, "events"):
         lg = (inc.last_good_checkpoint or {}).get("step")
+        # the job's lines, and those of its files stored without a job (a job named after the
+        # directory read: its lines name none)
+        files_read = sorted({e.source_id for e in inc.evidence})
         rows = _rows(con, "SELECT ts, ts_source, host, rank, kind, step, line, source_id, \"offset\", dedup_key "
-                          "FROM events WHERE job = ? AND kind <> 'metric' AND ((ts BETWEEN ? AND ?) OR (kind IN "
+                          "FROM events WHERE (job = ? OR (job IS NULL AND list_contains(?, source_id))) "
+                          "AND kind <> 'metric' AND ((ts BETWEEN ? AND ?) OR (kind IN "
                           "('save_start', 'save_end') AND step = ? AND ts BETWEEN ? AND ?)) ORDER BY ts",
-                     [inc.job, lo, hi, lg, lo - dt.timedelta(seconds=LAST_GOOD_WITHIN_S), hi])
+                     [inc.job, files_read, lo, hi, lg, lo - dt.timedelta(seconds=LAST_GOOD_WITHIN_S), hi])
     files = {}
     if con is not None and has_table(con, "sources"):
         files = dict(con.execute("SELECT source_id, file FROM sources").fetchall())
@@ -148,13 +167,13 @@ def build_timeline(con: duckdb.DuckDBPyConnection | None, inc: Incident) -> Time
             continue
         seen_keys.add(key)
         events.append({**r, "role": "context"})
-    by_key = {(r["source_id"], r["offset"]): r for r in rows}
+    by_key = {**stored, **{(r["source_id"], r["offset"]): r for r in rows}}
     for e in inc.evidence:
-        stored = by_key.get((e.source_id, e.offset), {})
-        step = stored.get("step")
+        row = by_key.get((e.source_id, e.offset), {})
+        step = row.get("step")
         if step is None and e.kind in ("save_start", "save_end"):
             step = inc.step
-        events.append({"ts": e.ts, "ts_source": stored.get("ts_source"), "host": e.host, "rank": e.rank,
+        events.append({"ts": e.ts, "ts_source": row.get("ts_source"), "host": e.host, "rank": e.rank,
                        "kind": e.kind, "step": step, "line": e.line, "source_id": e.source_id, "offset": e.offset,
                        "role": e.role if e.role in ("root_cause", "collateral") else "context"})
     # host-level lines (kernel, storage) of the job's hosts in the window
@@ -170,8 +189,13 @@ def build_timeline(con: duckdb.DuckDBPyConnection | None, inc: Incident) -> Time
         for r in _rows(con, "SELECT ts, ts_source, host, rank, kind, step, line, source_id, \"offset\", "
                             "dedup_key FROM events WHERE job IS NULL AND list_contains(?, host) AND ts BETWEEN ? AND ? ORDER BY ts",
                        [hosts, lo, hi]):
-            if (r["source_id"], r["offset"]) not in evidence:
+            if (r["source_id"], r["offset"]) not in evidence and (r["source_id"], r["offset"]) not in by_key:
                 events.append({**r, "role": "context"})
+    # each event whose time is not its line's own at the time the detectors date it by
+    dating = Dating((ev["source_id"], ev["offset"], ev["ts"], _source(ev)) for ev in events)
+    for ev in events:
+        if _approx(ev):
+            ev["ts"] = dating.at(ev["source_id"], ev["offset"], ev["ts"], ev["ts_source"])
     # lanes: the job's, then per host its own lane (when it has lines) and its ranks
     ranks_by_host: dict[str | None, list[int]] = {}
     for r, h in sorted(host_of.items(), key=lambda kv: (kv[1] is None, kv[1] or "", kv[0])):
@@ -220,9 +244,26 @@ def _first_line(text: str | None) -> str:
     return (text or "").split("\n")[0]
 
 
+def _stored(con: duckdb.DuckDBPyConnection, refs: list[tuple[str, int]]) -> dict[tuple[str, int], dict]:
+    """The stored ``events`` rows of the lines ``refs`` (``(source_id, offset)``) names, by ref:
+    whatever job they were stored under (the evidence says where its times came from)."""
+    if not refs:
+        return {}
+    rows = _rows(con, "SELECT e.ts_source, e.step, e.source_id, e.\"offset\" FROM events e JOIN (SELECT "
+                      "unnest(?::VARCHAR[]) AS sid, unnest(?::BIGINT[]) AS off) r ON e.source_id = r.sid "
+                      "AND e.\"offset\" = r.off", [[r[0] for r in refs], [r[1] for r in refs]])
+    return {(r["source_id"], r["offset"]): r for r in rows}
+
+
+def _source(ev: dict) -> str:
+    """Where the event's time came from (``ts_source``); one not known (an incident stored
+    nowhere, an event the database no longer holds) is taken as its line's own."""
+    return ev.get("ts_source") or "line"
+
+
 def _approx(ev: dict) -> bool:
     """The event's time is not its line's own (``inherited`` from an earlier line, or the file's ``mtime``)."""
-    return ev.get("ts_source") in ("inherited", "mtime")
+    return _source(ev) not in OWN_TIME
 
 
 def _bars(events: list[dict], lanes: dict[int, Lane], inc: Incident) -> list[Bar]:
@@ -232,11 +273,12 @@ def _bars(events: list[dict], lanes: dict[int, Lane], inc: Incident) -> list[Bar
     last = max((ev["ts"] for ev in events), default=inc.first_ts)
     root_ts = inc.root_cause.ts if inc.root_cause and inc.root_cause.ts else None
     lg_step = (inc.last_good_checkpoint or {}).get("step")
-    starts: dict[tuple[int, int | None], dt.datetime] = {}
+    starts: dict[tuple[int, int | None], dict] = {}
     for ev in events:
         if ev["kind"] == "save_start" and ev["rank"] in lanes:
-            starts.setdefault((ev["rank"], ev["step"]), ev["ts"])
-    for (rank, step), start in sorted(starts.items(), key=lambda kv: (kv[1], kv[0][0])):
+            starts.setdefault((ev["rank"], ev["step"]), ev)
+    for (rank, step), first in sorted(starts.items(), key=lambda kv: (kv[1]["ts"], kv[0][0])):
+        start = first["ts"]  # dated (build_timeline): a start whose time is inherited is never drawn from that time
         mine = [ev for ev in events if ev["rank"] == rank and ev["ts"] >= start]
         end = next((ev["ts"] for ev in mine if ev["kind"] == "save_end" and ev["step"] in (step, None)), None)
         outcome = "saved"
@@ -248,5 +290,5 @@ def _bars(events: list[dict], lanes: dict[int, Lane], inc: Incident) -> list[Bar
             if end is None:
                 end, outcome = last, "open"
         out.append(Bar(lanes[rank], step, start, end, outcome, last_good=step is not None and step == lg_step
-                       and outcome == "saved"))
+                       and outcome == "saved", approx=_approx(first)))
     return out
