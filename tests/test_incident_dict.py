@@ -21,7 +21,11 @@ def test_root_cause_and_evidence_dicts_hold_every_field_and_round_trip():
     as_dict = rc.to_dict()
     assert set(as_dict) == {f.name for f in dataclasses.fields(RootCause)} - {"cls"} | {"class"}
     assert as_dict["class"] == "oom_kill" and as_dict["ts"] == "2026-11-30T10:00:00+00:00"
-    assert set(ev.to_dict()) == {f.name for f in dataclasses.fields(EvidenceItem)}
+    assert set(ev.to_dict()) == {f.name for f in dataclasses.fields(EvidenceItem)} - {"ts_source"}  # own time
+    inherited = dataclasses.replace(ev, ts_source="inherited")
+    assert inherited.to_dict()["ts_source"] == "inherited" and not inherited.own_time and ev.own_time
+    assert Incident.from_dict(Incident("interrupted_save", "j", 1, None, rc, [], {}, None, "r", T,
+                                       evidence=[inherited]).to_dict()).evidence == [inherited]
     inc = Incident("interrupted_save", "job-a", 40, "/ckpt/step_40", rc, [0, 1], {"shards": 3}, None, "resume",
                    T, evidence=[ev])
     back = Incident.from_dict(inc.to_dict())

@@ -239,3 +239,39 @@ def test_the_picture_fades_inherited_events_and_draws_no_bar_from_their_time(tmp
     assert alphas.count(1.0) == sum(not m.approx for m in tl.marks) >= 1
     assert plot.FADED_LABEL in [t.get_text() for t in ax.get_legend().get_texts()]
     assert "≈ (no time of its own)" in plot.html_page(tl, "report")
+
+
+def test_the_report_json_and_the_database_mark_each_inherited_time(tmp_path):
+    """The evidence keeps the inherited time (the line's place in its file), marked as such
+    wherever it is shown: ``ts_source`` in the JSON and in ``incident_evidence``, and a
+    ``≈`` with a legend in the report's timeline."""
+    import subprocess
+    import sys
+
+    import duckdb
+
+    (tmp_path / "train.out").write_text(C06)
+    (inc,), _ = diagnose([str(tmp_path)])
+    marked = {e.line[:40]: e.to_dict().get("ts_source", "line") for e in inc.evidence}
+    assert "inherited" in marked.values() and "line" in marked.values()
+    db = str(tmp_path / "x.duckdb")
+    cli = [sys.executable, "-m", "ckptwatch"]
+    subprocess.run([*cli, "run", "--logs", str(tmp_path), "--db", db, "--once"], capture_output=True, timeout=120)
+    with duckdb.connect(db, read_only=True) as con:
+        stored = dict(con.execute("SELECT left(line, 40), ts_source FROM incident_evidence").fetchall())
+    assert stored == marked
+    shown = subprocess.run([*cli, "incidents", "show", inc.id[:8], "--db", db], capture_output=True, text=True,
+                           timeout=120).stdout
+    inherited = [ln for ln in shown.splitlines() if "≈ " in ln and ln.strip()[:2].isdigit()]
+    assert inherited and "≈ no time of its own" in shown
+
+
+def test_a_diagnosed_paste_s_picture_fades_inherited_evidence_without_a_database(tmp_path):
+    """The console's "diagnose a log" draws from the evidence alone (no database): its
+    ``ts_source`` marks what to fade."""
+    from ckptwatch.history import timeline
+
+    (tmp_path / "train.out").write_text(C06)
+    (inc,), _ = diagnose([str(tmp_path)])
+    tl = timeline.build_timeline(None, inc)
+    assert any(m.approx for m in tl.marks) and any(not m.approx for m in tl.marks)

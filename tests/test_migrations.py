@@ -45,8 +45,8 @@ def test_the_v1_fixture_is_what_it_says(v1_db: Path) -> None:
 def test_a_v1_database_is_migrated_forward_keeping_every_row(v1_db: Path) -> None:
     store = Store(str(v1_db))
     try:
-        assert store.migrated == [2, 3]
-        assert migrations.version_of(store.con) == migrations.SCHEMA_VERSION == 3
+        assert store.migrated == [2, 3, 4]
+        assert migrations.version_of(store.con) == migrations.SCHEMA_VERSION == 4
         con = store.con
         assert con.execute("SELECT (SELECT count(*) FROM events), (SELECT count(*) FROM incidents), "
                            "(SELECT count(*) FROM incident_evidence), (SELECT count(*) FROM alerts)").fetchone() \
@@ -58,7 +58,8 @@ def test_a_v1_database_is_migrated_forward_keeping_every_row(v1_db: Path) -> Non
         root = con.execute("SELECT file FROM evidence e JOIN incidents i ON i.id = e.incident_id "
                            "WHERE i.job = 'job-0201-sigkill' AND e.role = 'root_cause'").fetchall()
         assert root == [("/tmp/fx/logs/02-sigkill-mid-save/logs/attempt-1-train/console.log",)]
-        assert raw.execute("SELECT version, release FROM schema_version").fetchall() == [(2, "0.1.0"), (3, "0.1.0")]
+        assert raw.execute("SELECT version, release FROM schema_version").fetchall() == [(2, "0.1.0"), (3, "0.1.0"),
+                                                                                   (4, "0.1.0")]
         assert raw.execute("SELECT count(*), count(*) FILTER (WHERE provisional) FROM incidents").fetchone() == (6, 0)
         # the migrated file is written as any other: tailing resumes from its sources
         assert len(store.sources()) == 29
@@ -94,7 +95,7 @@ def test_a_database_from_a_newer_release_is_refused_in_one_line(tmp_path: Path) 
     text = str(caught.value)
     assert "\n" not in text
     assert f"database {path}: schema version 99 was written by a newer ckptwatch" in text
-    assert "knows up to 3: upgrade ckptwatch" in text
+    assert "knows up to 4: upgrade ckptwatch" in text
     # refused, not written: the file still says 99, and can be opened again at once (lock released)
     con = duckdb.connect(str(path), read_only=True)
     assert migrations.version_of(con) == 99

@@ -91,10 +91,21 @@ class EvidenceItem:
     rule_id: str
     line: str
     role: str  # "root_cause", "collateral", "save", "context"
+    #: where ``ts`` came from: ``line`` (its own), ``rule`` (captured inside it), ``inherited``
+    #: (an earlier line's: the line came no earlier), ``mtime`` (its file's); shown marked
+    ts_source: str = "line"
 
     def to_dict(self) -> dict[str, Any]:
+        """The ``evidence`` item of ``diagnose --json`` and the incidents topic; ``ts_source``
+        only when the time is not the line's own (``line``)."""
         return {"source_id": self.source_id, "offset": self.offset, "ts": self.ts.isoformat(), "kind": self.kind,
-                "rank": self.rank, "host": self.host, "rule_id": self.rule_id, "line": self.line, "role": self.role}
+                "rank": self.rank, "host": self.host, "rule_id": self.rule_id, "line": self.line, "role": self.role,
+                **({"ts_source": self.ts_source} if self.ts_source != "line" else {})}
+
+    @property
+    def own_time(self) -> bool:
+        """The time is the line's own (parsed from it, or captured by a rule inside it)."""
+        return self.ts_source in ("line", "rule")
 
 
 @dataclass

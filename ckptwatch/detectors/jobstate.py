@@ -848,7 +848,7 @@ class JobState:
             rank = self.rank_of(ev)
             out.append(EvidenceItem(source_id=ev.source_id, offset=ev.offset, ts=ev.ts, kind=ev.kind, rank=rank,
                                     host=ev.host or self.host_of(rank), rule_id=ev.rule_id,
-                                    line=ev.first_line(), role=role))
+                                    line=ev.first_line(), role=role, ts_source=ev.ts_source))
         return out
 
     def events_sorted(self) -> list[Ev]:

@@ -143,7 +143,8 @@ def load_incident(con: duckdb.DuckDBPyConnection, incident_id: str) -> tuple[Inc
         "detected_ts": detected_ts.isoformat() if detected_ts else None, "provisional": bool(is_provisional),
         "commands": json.loads(cmds) if cmds else []})
     inc.evidence = [EvidenceItem(r["source_id"], r["offset"], r["ts"], r["kind"], r["rank"], r["host"],
-                                 r["rule_id"], r["line"], r["role"]) for r in evidence.iter_rows(named=True)]
+                                 r["rule_id"], r["line"], r["role"], r.get("ts_source") or "line")
+                    for r in evidence.iter_rows(named=True)]
     return inc, evidence
 
 

@@ -173,7 +173,9 @@ def build_timeline(con: duckdb.DuckDBPyConnection | None, inc: Incident) -> Time
         step = row.get("step")
         if step is None and e.kind in ("save_start", "save_end"):
             step = inc.step
-        events.append({"ts": e.ts, "ts_source": row.get("ts_source"), "host": e.host, "rank": e.rank,
+        # the evidence says where its time came from (schema 4); the stored event when it does not
+        ts_source = row.get("ts_source") or (e.ts_source if e.ts_source != "line" else None)
+        events.append({"ts": e.ts, "ts_source": ts_source, "host": e.host, "rank": e.rank,
                        "kind": e.kind, "step": step, "line": e.line, "source_id": e.source_id, "offset": e.offset,
                        "role": e.role if e.role in ("root_cause", "collateral") else "context"})
     # host-level lines (kernel, storage) of the job's hosts in the window

@@ -586,7 +586,7 @@ _ROOT_FIELDS: dict[str, Callable[[Any], bool]] = {
 }
 _EVIDENCE_FIELDS: dict[str, Callable[[Any], bool]] = {
     "source_id": _str, "offset": _int, "ts": _time, "kind": _str, "rank": _opt(lambda v: _int(v, 32)),
-    "host": _opt(_str), "rule_id": _str, "line": _str, "role": _str,
+    "host": _opt(_str), "rule_id": _str, "line": _str, "role": _str, "ts_source": _str,
 }
 
 

@@ -309,7 +309,7 @@ def _writes(query: str) -> bool:
 
 _EVIDENCE_SCHEMA = {"incident_id": pl.Utf8, "seq": pl.Int32, "source_id": pl.Utf8, "offset": pl.Int64,
                     "role": pl.Utf8, "ts": pl.Datetime("us", "UTC"), "kind": pl.Utf8, "rank": pl.Int32,
-                    "host": pl.Utf8, "rule_id": pl.Utf8, "line": pl.Utf8}
+                    "host": pl.Utf8, "rule_id": pl.Utf8, "line": pl.Utf8, "ts_source": pl.Utf8}
 
 
 class Store:
@@ -840,8 +840,8 @@ class Store:
                  inc.first_ts, inc.detected_ts or now, now, inc.provisional, json.dumps(inc.commands)],
             )
             self.con.execute("DELETE FROM incident_evidence WHERE incident_id = ?", [inc.id])
-            rows = [(inc.id, i, e.source_id, e.offset, e.role, e.ts, e.kind, e.rank, e.host, e.rule_id, e.line)
-                    for i, e in enumerate(inc.evidence)]
+            rows = [(inc.id, i, e.source_id, e.offset, e.role, e.ts, e.kind, e.rank, e.host, e.rule_id, e.line,
+                     e.ts_source) for i, e in enumerate(inc.evidence)]
             if rows:
                 self._insert_rows("INSERT INTO incident_evidence SELECT * FROM arrow", rows, _EVIDENCE_SCHEMA)
             n += 1
@@ -854,7 +854,8 @@ class Store:
         or resolve them."""
         evidence: dict[str, list[EvidenceItem]] = {}
         for iid, *item in self.con.execute(
-                'SELECT e.incident_id, e.source_id, e."offset", e.ts, e.kind, e.rank, e.host, e.rule_id, e.line, e.role '
+                'SELECT e.incident_id, e.source_id, e."offset", e.ts, e.kind, e.rank, e.host, e.rule_id, e.line, e.role, '
+                "coalesce(e.ts_source, 'line') "
                 "FROM incident_evidence e JOIN incidents i ON i.id = e.incident_id WHERE i.status = 'open' "
                 "ORDER BY e.incident_id, e.seq").fetchall():
             evidence.setdefault(iid, []).append(EvidenceItem(*item))

@@ -26,7 +26,7 @@ import duckdb
 from ckptwatch import __version__
 
 #: what this release writes
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 #: version -> the statements that bring a file from the version before it
 MIGRATIONS: dict[int, tuple[str, ...]] = {
@@ -45,6 +45,12 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "ALTER TABLE incidents ADD COLUMN IF NOT EXISTS provisional BOOLEAN DEFAULT false",
         # what to paste: verify, resume from the last good checkpoint, reshard, longer timeout
         "ALTER TABLE incidents ADD COLUMN IF NOT EXISTS commands JSON",
+    ),
+    4: (
+        # where an evidence line's time came from: its own, or inherited from an earlier line
+        "ALTER TABLE incident_evidence ADD COLUMN IF NOT EXISTS ts_source VARCHAR DEFAULT 'line'",
+        "CREATE OR REPLACE VIEW evidence AS SELECT e.*, s.file, s.host AS read_on "
+        "FROM incident_evidence e LEFT JOIN sources s ON s.source_id = e.source_id",
     ),
 }
 

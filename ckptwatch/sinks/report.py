@@ -38,9 +38,12 @@ def timeline(inc: Incident, limit: int = TIMELINE_MAX) -> list[str]:
     for e in chosen:
         who = f"rank {e.rank}" if e.rank is not None else (e.host or "agent")
         mark = "*" if e.role == "root_cause" else " "
-        out.append(f"{mark}{e.ts.strftime('%H:%M:%S.%f')[:-3]}  {who:<8} {e.kind:<18} {e.line[:110]}")
+        when = e.ts.strftime('%H:%M:%S.%f')[:-3] + (" " if e.own_time else "≈")
+        out.append(f"{mark}{when} {who:<8} {e.kind:<18} {e.line[:110]}")
     if len(ev) > limit:
         out.append(f"  … {len(ev) - limit} more evidence lines (see --json or the incident_evidence table)")
+    if any(not e.own_time for e in chosen):
+        out.append("  ≈ no time of its own: an earlier line's (or its file's), so no earlier than that")
     return out
 
 

@@ -152,7 +152,9 @@ def create_app(database: str, *, snapshot_only: bool = False, redactor: Redactor
         except HistoryError as e:
             return render_template("list.html", rows=[], source="", error=str(e), f={}, kinds=[], severities=[],
                                    statuses=[], refresh_ms=REFRESH_MS, **common("list")), 503
-        ev = [{**e, "ts": f"{e['ts']:%H:%M:%S.%f}"[:-3]} for e in evidence.iter_rows(named=True)]
+        # ≈: a time inherited from an earlier line (or the file's), not the line's own
+        ev = [{**e, "ts": f"{e['ts']:%H:%M:%S.%f}"[:-3] + ("" if e.get("ts_source") in (None, "line", "rule") else "≈")}
+              for e in evidence.iter_rows(named=True)]
         al = [{**a, "created": _when(a["created_ts"])} for a in alerts.iter_rows(named=True)]
         return render_template("incident.html", inc=inc, svg=picture, report=report_text(inc), evidence=ev,
                                alerts=al, paging=paging, grouped=grouped.to_dicts(), source=opened.describe(),
