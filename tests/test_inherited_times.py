@@ -264,6 +264,7 @@ def test_the_report_json_and_the_database_mark_each_inherited_time(tmp_path):
                            timeout=120).stdout
     inherited = [ln for ln in shown.splitlines() if "≈ " in ln and ln.strip()[:2].isdigit()]
     assert inherited and "≈ no time of its own" in shown
+    assert "at ≈2025-03-14 09:40:54.000 UTC (no time of its own: the next dated line of its file)" in shown
 
 
 def test_a_diagnosed_paste_s_picture_fades_inherited_evidence_without_a_database(tmp_path):
