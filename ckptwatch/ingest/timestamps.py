@@ -34,13 +34,16 @@ far ahead, a line dated 2100) is not believed: the record is treated as having n
 of its own (it inherits) and ``ts_rejected`` is set so the caller can count it. Years
 are checked before conversion, so nothing wraps into another year.
 
-**Year-less formats** (glog, syslog) take their year from context: the nearest full
-timestamp in the same stream (earlier first, then later), else any full timestamp in the
-batch (the same file), else the file's mtime, in which case ``ts_year_guessed`` is set
-(the caller may re-date the record from other files of the same job or host, see
-:func:`shift_to_year_of`). The candidate year among (context year - 1, context year,
-context year + 1) closest to the context wins, so a log crossing New Year is dated right.
-Today's date is never used.
+**Year-less formats** (glog, syslog) take their year from context: the nearest earlier
+full timestamp in the same stream, else the time carried from the stream's previous
+batch, else the nearest later full timestamp in the stream, else any full timestamp in
+the batch (the same file), else the file's mtime, in which case ``ts_year_guessed`` is
+set, as on every record that takes its time from such a record (inherited in the stream
+or in file order). The caller may re-date those from other files of the same job or
+host (:func:`shift_to_year_of`), and must not carry a guessed time into the next batch
+as a known one (see :meth:`ckptwatch.ingest.watcher.SourceWatcher.poll`). The candidate
+year among (context year - 1, context year, context year + 1) closest to the context
+wins, so a log crossing New Year is dated right. Today's date is never used.
 
 **Records without a time** inherit the previous record's time in the same stream
 (``ts_source = "inherited"``), then the carried time from the previous batch of that
@@ -289,12 +292,21 @@ def add_event_time(
     )
     inherited = pl.col("_own").forward_fill().over(stream_col)
     in_file = per_file(pl.col("_own").forward_fill())  # a stream that never prints a time: file order
+    # whether the time a record takes came from a year guessed from the mtime, along the same
+    # path as the time itself (carried times are the caller's: taken as known)
+    guess = pl.col("_guess")
+    guess_in_file = per_file(guess.forward_fill())
     if file_carry is not None:
         in_file = in_file.fill_null(pl.lit(file_carry.astimezone(dt.timezone.utc)).cast(TS))
+        guess_in_file = guess_in_file.fill_null(False)
     if file_carry_col is not None:
+        guess_in_file = guess_in_file.fill_null(pl.when(pl.col(file_carry_col).is_not_null()).then(False))
         in_file = in_file.fill_null(pl.col(file_carry_col))
     ahead = per_file(pl.col("_own").backward_fill())  # lines before the file's first time: the next time, file order kept
     base = pl.coalesce(inherited, pl.col("_carry"), in_file, ahead, pl.col(mtime_col))
+    guessed = pl.coalesce(guess, guess.forward_fill().over(stream_col),
+                          pl.when(pl.col("_carry").is_not_null()).then(False), guess_in_file,
+                          per_file(guess.backward_fill()), pl.lit(False))
     out = out.with_columns(
         pl.coalesce(pl.col("_own"), base).alias("ts"),
         pl.when(pl.col("_own").is_not_null())
@@ -303,7 +315,7 @@ def add_event_time(
         .then(pl.lit("inherited"))
         .otherwise(pl.lit("mtime"))
         .alias("ts_source"),
-        pl.col("_guess").forward_fill().over(stream_col).fill_null(False).alias("ts_year_guessed"),
+        guessed.alias("ts_year_guessed"),
     )
     return out.drop(["_iso", "_mdy", "_ctime", "_glog", "_sys", "_md", "_up", "_full0", "_any_full", "_known_ctx", "_ctx",
                      "_yearless",

@@ -50,6 +50,21 @@ Each :meth:`SourceWatcher.poll`:
    the next poll, unless ``final``. A new file renamed to a rotated name of its path
    between its listing and its opening is followed there.
 
+Year-less stamps (glog ``I1207 …``, syslog ``Dec  7 …``) in a file with no dated line
+are dated with the year of the file's mtime (:mod:`.timestamps`: ``ts_year_guessed``)
+and re-dated to the year of the newest dated line of the same job, else host, read so
+far (files that name no job share one context). A live read may see such a file before
+the dated line of its job arrives (a kernel log beside a launcher console still to be
+written, a backlog read over several polls), so records whose year is still a guess are
+**held back** (not returned) with every later record of their file, until a dated line
+of their job or host comes (then re-dated and returned), the input is final and read
+whole, ``year_hold`` seconds pass with nothing left unread, or a file holds
+``year_hold_records`` records: then they go on with the mtime's year (counted as
+``year_from_mtime``), and that file's later records are not held again (re-dated if a
+context has come by then). A source's committed offset never passes its first held
+record, so a restart reads it again; a guessed time is never carried into the file's
+next read as a known one (its next records are guessed, and held, again).
+
 Lines are still lost when a copy made by ``copytruncate`` is overwritten in place by the
 next rotation before a poll has looked at it, or when the file had no complete first line
 yet at the last poll before it was truncated (nothing tells the truncation then).
@@ -62,6 +77,7 @@ dropped; a dropped file's entry goes with it (it was read to its end).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import hashlib
 import os
@@ -71,6 +87,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import polars as pl
 
+from ckptwatch.frames import detached
 from ckptwatch.ingest import batch, discovery, handles, identity, layout, notify, rotation, timestamps
 from ckptwatch.ingest.checkpoint import SourceCheckpoint
 from ckptwatch.ingest.stats import Stats
@@ -112,6 +129,10 @@ class SourceWatcher:
         max_open_files: files held open at most (see :mod:`.handles`); None: the process's
             open-file limit minus :data:`~ckptwatch.ingest.handles.HEADROOM`, read now.
         job: the job of every file whose path the template gives none (``--job NAME``).
+        year_hold: seconds (wall clock, with nothing left unread) for which records whose
+            year is a guess are held back waiting for a dated line of their job or host
+            (see the module docstring); 0: not held.
+        year_hold_records: records of one file held back at most; past it they go on.
 
     A poll raises :class:`~ckptwatch.ingest.handles.OpenFileLimitError` when a file cannot
     be opened for want of descriptors and no other file is open to close (one line).
@@ -126,7 +147,7 @@ class SourceWatcher:
                  forget_after_polls: int = 5, archives: bool = False, line_prefix: str | None = None,
                  poll_bytes: int = DEFAULT_POLL_BYTES, watch_changes: bool = True,
                  rescan_after: float = 10.0, max_open_files: int | None = None,
-                 job: str | None = None) -> None:
+                 job: str | None = None, year_hold: float = 5.0, year_hold_records: int = 100_000) -> None:
         self.paths = list(paths)
         self.job = job  # ``--job``: every file the template gives no job is this job's
         self.budget = handles.HandleBudget(max_open_files)
@@ -162,6 +183,13 @@ class SourceWatcher:
         self._dated_by_job: dict[str, dt.datetime] = {}  # newest dated line per job / host, for year-less stamps
         self._dated_by_host: dict[str, dt.datetime] = {}
         self._dated_no_job: dt.datetime | None = None  # the newest dated line of files that name no job
+        self.year_hold = year_hold
+        self.year_hold_records = year_hold_records
+        #: records whose year is a guess, with every later record of their file, held back
+        self._year_held = pl.DataFrame(schema=RECORD_SCHEMA)
+        self._year_floor: dict[str, int] = {}  # source id -> offset of its first held record
+        self._year_held_since: dict[str, dt.datetime] = {}  # source id -> when its records were first held
+        self._year_let_go: set[str] = set()  # source ids whose hold ran out: their records are not held again
         self.backlog = False  # the last poll left bytes unread in some file: poll again before concluding
         #: files the last poll found and left for the next one without opening them (its byte
         #: budget was spent): while any, what has been read is not yet every file's beginning
@@ -269,7 +297,7 @@ class SourceWatcher:
         self._flush(now)
         frames, self._out = [f for f in self._out if not f.is_empty()], []
         records = pl.concat(frames) if frames else pl.DataFrame(schema=RECORD_SCHEMA)
-        records = self._redate_guessed_years(records)
+        records = self._release_years(records, now=now, final=final)
         self.stats.records += records.height
         if final:  # read_position's, for input that does not grow
             self._note_dated(records)
@@ -294,8 +322,13 @@ class SourceWatcher:
         read to its end, as far as the last poll found, each file's job being the one its
         path names (:meth:`_job_of_path`). None while a file whose path names no job is not
         read to its end (its lines could be any job's; a final poll reads such files first).
-        Files that could not be read count as read."""
-        jobs: dict[str, bool] = {}
+        Files that could not be read count as read; a job with records held back for their
+        year (see the module docstring) is not read yet, nor is any while such a record
+        names no job."""
+        held_jobs = set(self._year_held["job"].unique()) if self._year_held.height else set()
+        if None in held_jobs:
+            return None
+        jobs: dict[str, bool] = {job: False for job in held_jobs}
         for key, where in self._found.items():
             tail = self._tails.get(key)
             done = key in self._rejected or (tail is not None and not tail.more)
@@ -319,13 +352,52 @@ class SourceWatcher:
         held = [self._newest_dated.get(t.source_id or "") for t in self._tails.values() if t.more]
         return None if any(ts is None for ts in held) else min(held)  # type: ignore[type-var]
 
-    def _redate_guessed_years(self, records: pl.DataFrame) -> pl.DataFrame:
-        """Year-less stamps dated with their file's mtime year (no dated line in their file)
-        take the year closest to the newest dated line of the same job, else of the same
-        host, read so far (in any file); files that name no job share one context, so that a
-        pasted ``journalctl -k`` takes its year from the console pasted beside it; the rest
-        are counted (``year_from_mtime``)."""
+    def _release_years(self, new: pl.DataFrame, *, now: dt.datetime, final: bool) -> pl.DataFrame:
+        """This poll's records ``new`` and those held back before, re-dated where the year
+        of a year-less stamp was a guess and a dated line of the same job or host is known
+        now; returns those that go on (held ones first, file order kept), and holds back
+        the files whose records' year is still a guess (see the module docstring). Sets
+        each file's carried times back to the re-dated ones."""
+        self._learn_year_context(new)
+        held = self._year_held
+        records = pl.concat([held, new]) if held.height else new
+        if records.is_empty() or not records["ts_year_guessed"].any():
+            self._hold_years(records.clear(), set())
+            return records
+        records = self._redate_guessed_years(records)
+        if new["ts_year_guessed"].any():
+            self._carry_redated(new, records.slice(held.height))
+        holding: set[str] = set()  # the sources whose records are held
+        if self.year_hold > 0 and not (final and not self.backlog):
+            per_source = records.group_by("source_id").agg(pl.len(), pl.col("ts_year_guessed").any())
+            for sid, n, unresolved in per_source.iter_rows():
+                if not unresolved or sid in self._year_let_go:
+                    continue
+                since = self._year_held_since.get(sid, now)
+                waited = (now - since).total_seconds() >= self.year_hold and not self.backlog and not self.unopened
+                if waited or n > self.year_hold_records:
+                    self._year_let_go.add(sid)  # its later records go on at once (re-dated once a context comes)
+                else:
+                    holding.add(sid)
+        kept = pl.col("source_id").is_in(list(holding))
+        self._hold_years(records.filter(kept) if holding else records.clear(), holding, now=now)
+        out = records.filter(~kept) if holding else records
+        self.stats.note("year_from_mtime", int(out["ts_year_guessed"].sum()))
+        return out
+
+    def _hold_years(self, held: pl.DataFrame, holding: set[str], *, now: dt.datetime | None = None) -> None:
+        """Keep ``held`` (the records of the sources ``holding``) for the next poll."""
+        self._year_held = detached(held) if held.height else held.clear()
+        self._year_floor = ({sid: int(off) for sid, off in held.group_by("source_id").agg(pl.col("offset").min())
+                             .iter_rows()} if held.height else {})
+        self._year_held_since = {sid: self._year_held_since.get(sid, now or self._now) for sid in holding}
+
+    def _learn_year_context(self, records: pl.DataFrame) -> None:
+        """Note the newest dated line (not year-guessed) of each job and host in ``records``,
+        and of the files that name no job."""
         dated = records.filter((pl.col("ts_source") == "line") & ~pl.col("ts_year_guessed"))
+        if dated.is_empty():
+            return
         for col, ctx in (("job", self._dated_by_job), ("host", self._dated_by_host)):
             newest = dated.filter(pl.col(col).is_not_null()).group_by(col).agg(pl.col("ts").max())
             for key, ts in newest.iter_rows():
@@ -334,30 +406,81 @@ class SourceWatcher:
         unlabelled = dated.filter(pl.col("job").is_null())["ts"].max()
         if unlabelled is not None and (self._dated_no_job is None or unlabelled > self._dated_no_job):
             self._dated_no_job = unlabelled
-        guessed = records["ts_year_guessed"]
-        if not guessed.any():
-            return records
+
+    def _redate_guessed_years(self, records: pl.DataFrame) -> pl.DataFrame:
+        """Year-less stamps dated with their file's mtime year (no dated line in their file)
+        take the year closest to the newest dated line of the same job, else of the same
+        host, read so far (in any file); files that name no job share one context, so that a
+        pasted ``journalctl -k`` takes its year from the console pasted beside it. The rest
+        keep ``ts_year_guessed``."""
         ctx_expr = pl.coalesce(
             pl.col("job").replace_strict(self._dated_by_job, default=None, return_dtype=records["ts"].dtype),
             pl.col("host").replace_strict(self._dated_by_host, default=None, return_dtype=records["ts"].dtype),
             pl.when(pl.col("job").is_null()).then(pl.lit(self._dated_no_job, dtype=records["ts"].dtype)),
         )
         records = records.with_columns(ctx_expr.alias("_ctx"))
-        unresolved = int((guessed & records["_ctx"].is_null()).sum())
-        self.stats.note("year_from_mtime", unresolved)
         return records.with_columns(
             pl.when(pl.col("ts_year_guessed")).then(timestamps.shift_to_year_of(pl.col("ts"), pl.col("_ctx")))
             .otherwise(pl.col("ts")).alias("ts"),
             (pl.col("ts_year_guessed") & pl.col("_ctx").is_null()).alias("ts_year_guessed"),
         ).drop("_ctx")
 
+    def _forget_guessed_carries(self, reads: Sequence[batch.Read], made: pl.DataFrame) -> None:
+        """A file's next read takes its streams' carried times as known: drop those the
+        records ``made`` from ``reads`` left with a guessed year (the next read guesses
+        again, and is re-dated like these once a context is known)."""
+        guessed = made.filter((pl.col("ts_source") == "line") & pl.col("ts_year_guessed"))
+        if guessed.is_empty():
+            return
+        tails = {r.tail.source_id: r.tail for r in reads}
+        for sid, stream, ts, was_guessed in self._last_line_times(made).iter_rows():
+            tail = tails.get(sid)
+            if was_guessed and tail is not None and tail.carry.get(_carry_key(sid, stream)) == ts:
+                del tail.carry[_carry_key(sid, stream)]
+        for sid, ts, was_guessed in self._last_line_times(made, per_stream=False).iter_rows():
+            tail = tails.get(sid)
+            if was_guessed and tail is not None and tail.file_carry == ts:
+                tail.file_carry = None
+
+    def _carry_redated(self, new: pl.DataFrame, redated: pl.DataFrame) -> None:
+        """Carry the re-dated times of this poll's records ``new`` (``redated``: the same
+        rows, re-dated) into their files' next reads, where no newer time was carried
+        since (see :meth:`_forget_guessed_carries`)."""
+        both = new.select("source_id", "stream", "ts_source", "ts_year_guessed").with_columns(
+            redated["ts"], (new["ts_year_guessed"] & ~redated["ts_year_guessed"]).alias("_fixed"))
+        tails = {t.source_id: t for t in self._tails.values()}
+        last = self._last_line_times(both, flag="_fixed")
+        for sid, stream, ts, fixed in last.iter_rows():
+            tail = tails.get(sid)
+            if fixed and tail is not None:
+                tail.carry.setdefault(_carry_key(sid, stream), ts)
+        for sid, ts, fixed in self._last_line_times(both, per_stream=False, flag="_fixed").iter_rows():
+            tail = tails.get(sid)
+            if fixed and tail is not None and tail.file_carry is None:
+                tail.file_carry = ts
+
+    @staticmethod
+    def _last_line_times(records: pl.DataFrame, *, per_stream: bool = True,
+                         flag: str = "ts_year_guessed") -> pl.DataFrame:
+        """The last record dated by its own line per file (and stream): ``source_id``,
+        [``stream``,] ``ts`` and ``flag`` (what :mod:`.batch` carries into the next read)."""
+        keys = ["source_id", "stream"] if per_stream else ["source_id"]
+        return (records.filter(pl.col("ts_source") == "line")
+                .group_by(keys, maintain_order=True).agg(pl.col("ts").last(), pl.col(flag).last()))
+
     def checkpoints(self) -> list[SourceCheckpoint]:
         """What to persist once the records returned so far are durable downstream: for
         each source followed, its committed offset (never past a held-back line,
-        :attr:`FileTail.committed_offset <ckptwatch.ingest.tail.FileTail.committed_offset>`);
-        and the entries of sources not followed any more, for ``forget_after_polls`` polls."""
+        :attr:`FileTail.committed_offset <ckptwatch.ingest.tail.FileTail.committed_offset>`,
+        nor a record held back for its year); and the entries of sources not followed any
+        more, for ``forget_after_polls`` polls."""
         out = [c for t in self._tails.values() if (c := t.checkpoint()) is not None]
-        return out + [gen.checkpoint for gen, _ in self._unfollowed.values()]
+        out += [gen.checkpoint for gen, _ in self._unfollowed.values()]
+        if not self._year_floor:
+            return out
+        floor = self._year_floor  # records held back for their year: read again after a restart
+        return [dataclasses.replace(c, offset=min(c.offset, floor[c.source_id])) if c.source_id in floor else c
+                for c in out]
 
     def close(self) -> None:
         """Close every file held open (and the inotify feed); the watcher is not used after this."""
@@ -736,7 +859,9 @@ class SourceWatcher:
         reads, self._pending = self._pending, []
         self._pending_ids.clear()
         before = [(r.tail.stats.ts_rejected, r.tail.stats.uptime_no_boot) for r in reads]
-        self._out.append(batch.emit(reads, now=now))
+        made = batch.emit(reads, now=now)
+        self._out.append(made)
+        self._forget_guessed_carries(reads, made)
         for r, (rejected, uptime) in zip(reads, before, strict=True):
             self.stats.note("timestamp_out_of_range", r.tail.stats.ts_rejected - rejected)
             self.stats.note("kernel_uptime_without_boot_time", r.tail.stats.uptime_no_boot - uptime)
@@ -777,6 +902,7 @@ class SourceWatcher:
         if tail.job is None or any(t.job == tail.job for t in tail.family if t is not tail):
             tail.family[:] = [t for t in tail.family if t is not tail]  # its family keeps one file that names the job
         self._retired.update(tail.used_ids)
+        self._year_let_go.difference_update(tail.used_ids)
         self._gone.discard(key)
         self._missing_since.pop(key, None)
         linked, mtime_ns = True, None  # a file not held open may still have a name
@@ -808,3 +934,9 @@ class SourceWatcher:
         self._reported.add(msg)
         self.stats.errors.append(msg)
         return True
+
+
+def _carry_key(source_id: str, stream: str | None) -> str | None:
+    """The key of a stream's carried time in :attr:`FileTail.carry
+    <ckptwatch.ingest.tail.FileTail.carry>` (:mod:`.batch`'s ``stream_key``)."""
+    return None if stream is None else f"{source_id}:{stream}"
