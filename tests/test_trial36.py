@@ -22,6 +22,8 @@ CASES = {
                               [1, 2, 3], 4)]),
     "c02b_beta": ("beta", [("beta", "interrupted_save", 900, "signal", 1, "gpu-n09", [0], None)]),
     "c03_clean_noise": (None, []),
+    # read live in tests/test_live_years.py; here in one read
+    "c04_live_glog": ("run7", [("run7", "interrupted_save", 3000, "oom_kill", 2, "trn-node3", [0, 1, 3], 4)]),
     "c05_megatron_ws8": (None, [("gpt1p3b-0903", "interrupted_save", 800, "cuda_oom", 5, "gpu-b",
                                  [0, 1, 2, 3, 4, 6, 7], 8)]),
     "c06_untimed_save_start": (None, [("c06_untimed_save_start/logs", "storage_failure_during_save", 1500,
