@@ -263,7 +263,7 @@ def test_the_report_json_and_the_database_mark_each_inherited_time(tmp_path):
     shown = subprocess.run([*cli, "incidents", "show", inc.id[:8], "--db", db], capture_output=True, text=True,
                            timeout=120).stdout
     inherited = [ln for ln in shown.splitlines() if "≈ " in ln and ln.strip()[:2].isdigit()]
-    assert inherited and "≈ no time of its own" in shown
+    assert inherited and "≈ no time of its own: an earlier line's (the line came no earlier)" in shown
     assert "at ≈2025-03-14 09:40:54.000 UTC (no time of its own: the next dated line of its file)" in shown
 
 

@@ -43,7 +43,7 @@ def timeline(inc: Incident, limit: int = TIMELINE_MAX) -> list[str]:
     if len(ev) > limit:
         out.append(f"  … {len(ev) - limit} more evidence lines (see --json or the incident_evidence table)")
     if any(not e.own_time for e in chosen):
-        out.append("  ≈ no time of its own: an earlier line's (or its file's), so no earlier than that")
+        out.append("  ≈ no time of its own: an earlier line's (the line came no earlier) or its file's mtime (no later)")
     return out
 
 
