@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+from pathlib import Path
+
 
 def two_saves(day: str, run: str, *, second_saved: bool, tail: str = "", hour: int = 10) -> str:
     """Rank 0 of a job (``run``) on ``day`` (``YYYY-MM-DD``) from ``hour``: step 100 saved to
@@ -16,3 +21,21 @@ def two_saves(day: str, run: str, *, second_saved: bool, tail: str = "", hour: i
     if second_saved:
         text += f"{t}:01:09,000] [INFO] [rank0] Saved checkpoint to /ckpt/{run}/checkpoint-200\n"
     return text + tail
+
+
+def trial_case(trial: Path, case: str, into: Path) -> Path:
+    """A copy under ``into`` of ``case`` (a path under ``trial``: a fixtures directory of
+    hand-written cases) with each file's mtime as its author left it (``MTIMES.json``:
+    path -> seconds since the epoch): lines without a time of their own are dated by it,
+    and a checkout gives every file the time of the checkout. Returns the copy's path."""
+    times = json.loads((trial / "MTIMES.json").read_text())
+    src, dst = trial / case, into / case
+    if src.is_dir():
+        shutil.copytree(src, dst)
+    else:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dst)
+    for rel, mtime in times.items():
+        if rel == case or rel.startswith(case.rstrip("/") + "/"):
+            os.utime(into / rel, (mtime, mtime))
+    return dst

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from log_support import trial_case
 
 from ckptwatch.pipeline import PipelineOptions, diagnose
 
@@ -53,9 +54,9 @@ def facts(inc) -> tuple:
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_every_fact_of_the_trial_case(case):
+def test_every_fact_of_the_trial_case(case, tmp_path):
     job, expected = CASES[case]
-    found, _ = diagnose([str(TRIAL / case / "logs")], PipelineOptions(job=job))
+    found, _ = diagnose([str(trial_case(TRIAL, case, tmp_path) / "logs")], PipelineOptions(job=job))
     got = sorted((facts(i) for i in found), key=lambda f: (f[0], f[1]))
     want = sorted(expected, key=lambda f: (f[0], f[1]))
     assert len(got) == len(want), got

@@ -1,0 +1,66 @@
+"""Issue 36's second new-user trial (tests/fixtures/trial37): every fact of each case's
+TRUTH.md that ckptwatch gets, and no incident on the clean jobs. Facts it does not get yet
+are marked ``ANY`` with what the truth says, and listed in the issue's note."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from log_support import trial_case
+from test_trial36 import ANY, facts
+
+from ckptwatch.ingest.layout import compile_template
+from ckptwatch.pipeline import PipelineOptions, diagnose
+
+TRIAL = Path(__file__).parent / "fixtures" / "trial37"
+FLEET = {"template": "{job}/*"}
+
+# path under TRIAL -> (options, [(job, kind, step, cause class, rank, host, collateral, world size)])
+CASES = {
+    "c01_two_runs_one_dir/sft-sweep": ({}, [("sft7b-lr2e5", "storage_failure_during_save", 500, "storage_error", 0,
+                                             "sft-box-2", [1], 2)]),
+    # rank: the truth says 0 (a one-process-per-GPU Lightning job whose OOM-killed pid names no rank)
+    "c02_two_jobs_one_db/llama-ft-a": ({}, [("llama-ft-a", "interrupted_save", 1500, "oom_kill", ANY, None, [], 4)]),
+    # collateral: the truth says [0] (DeepSpeed's launcher kills rank 0 by pid: "Killing subprocess 5501")
+    "c02_two_jobs_one_db/bert-pt-b": ({}, [("bert-pt-b", "interrupted_save", 3000, "cuda_oom", 1, None, ANY, 2)]),
+    "c03_clean_noise/qwen-sft": ({}, []),
+    # step: the truth says 12 (mmengine's epoch_12.pth); host: det-node-9
+    "c04_mmdet_glog_live/faster-rcnn": ({}, [("faster-rcnn", "interrupted_save", ANY, "collective_timeout", 0, ANY,
+                                              [1, 2, 3], 4)]),
+    "c05_megatron_ws8_segv/gpt-13b": ({}, [("gpt13b-0712", "interrupted_save", 2000, "native_crash", 5, "gpu-node-17",
+                                            [0, 1, 2, 3, 4, 6, 7], 8)]),
+    "c06_untimed_save/resnet-plain": ({}, [("resnet-plain", "interrupted_save", 3000, "oom_kill", 0, "gpu-box-3", [],
+                                            1)]),
+    # the worker pod (ranks 4-7) was OOMKilled: the truth's root is there, collateral 0-3
+    "c07_k8s_pytorchjob/llama-fsdp": ({}, [("llama-fsdp", "interrupted_save", 1200, "oom_kill", ANY, ANY, ANY, 8)]),
+    # mmdet-nfs: host det-node-4; verl-ppo: step 300, rank 6, world size 8
+    "c08_fleet/fleet": (FLEET, [("mmdet-nfs", "storage_failure_during_save", 24, "storage_error", 0, ANY, [], None),
+                                ("verl-ppo", "interrupted_save", ANY, "oom_kill", ANY, "10.0.3.7", [], ANY)]),
+    # cause: the README says a traceback cut off is class unknown
+    "c09_paste_cut/paste.txt": ({"job": "mistral-ft-dec06"}, [("mistral-ft-dec06", "interrupted_save", 1200, ANY, 0,
+                                                               None, [], None)]),
+    "c10_slurm_timelimit_nemo/gpt-nemo": ({}, [("slurm-771234", "interrupted_save", 3999, "signal", ANY, "gpu-b07", ANY,
+                                                8)]),
+    # also a poisoned_resume of step 600 (attempt 1 resumes from the torn step_600): not found
+    "c11_logdir_attempts/gpt2-elastic": ({}, [
+        ("gpt2-elastic", "interrupted_save", 600, "signal", 2, "trn-node-3", [0, 1, 3], 4),
+        ("gpt2-elastic", "load_failure", 600, "load_error", ANY, "trn-node-3", [], None)]),
+    "c11b_logdir_runid/exp-dir": ({}, [
+        ("gpt2-elastic", "interrupted_save", 600, "signal", 2, "trn-node-3", [0, 1, 3], 4),
+        ("gpt2-elastic", "load_failure", 600, "load_error", ANY, "trn-node-3", [], None)]),
+    "c12_multinode_ds_sibling/bloom-3b": ({}, [("bloom3b-dec06", "storage_failure_during_save", 800, "storage_error", 6,
+                                                "node-b", [0, 1, 2, 3, 4, 5, 7], 8)]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_every_fact_of_the_second_trial_s_case(case, tmp_path):
+    opts, expected = CASES[case]
+    options = PipelineOptions(job=opts.get("job"),
+                              template=compile_template(opts["template"]) if "template" in opts else None)
+    found, _ = diagnose([str(trial_case(TRIAL, case, tmp_path))], options)
+    got = sorted((facts(i) for i in found), key=lambda f: (f[0], f[1]))
+    want = sorted(expected, key=lambda f: (f[0], f[1]))
+    assert len(got) == len(want), got
+    assert [tuple(w if w is ANY else g for g, w in zip(gf, wf, strict=True)) for gf, wf in zip(got, want)] == want
