@@ -66,7 +66,7 @@ import re
 from dataclasses import dataclass
 
 from ckptwatch.detectors.events import Ev, task_ranks
-from ckptwatch.detectors.incident import RootCause
+from ckptwatch.detectors.incident import OWN_TIME, RootCause
 from ckptwatch.detectors.jobstate import JobState
 
 _HARD_ORDER = {"oom_kill": 0, "cuda_oom": 1, "host_memory": 2, "gpu_xid": 3, "storage_error": 4, "node_lost": 5,
@@ -285,11 +285,11 @@ def _oom_explains(death: Ev, failures: list[Ev], state: JobState) -> bool:
     if death.signal != "SIGKILL":
         return False
     host = death.host or state.host_of(state.rank_of(death))
-    if death.ts_source in ("line", "rule"):
+    if death.ts_source in OWN_TIME:
         latest: dt.datetime | None = death.ts
     else:
         latest = min((f.ts for f in failures if f.source_id == death.source_id and f.offset > death.offset
-                      and f.ts_source in ("line", "rule")), default=None)
+                      and f.ts_source in OWN_TIME), default=None)
     skew = dt.timedelta(seconds=_OOM_SKEW_S)
     return any(o.kind == "oom_kill" and (not o.host or not host or o.host == host)
                and abs((o.ts - death.ts).total_seconds()) <= _SAME_FAILURE_S
@@ -429,14 +429,14 @@ def signalled_ranks(failures: list[Ev], state: JobState) -> dict[int, int]:
     for source, unknown in by_source.items():
         known = {e.pid: r for e in failures if e.source_id == source and e.pid is not None
                  and e.pid not in unknown and (r := state.rank_of(e)) is not None}
-        pids = sorted(unknown | set(known))
-        offsets = {r - pids.index(pid) for pid, r in known.items()}
+        place = {pid: i for i, pid in enumerate(sorted(unknown | set(known)))}
+        offsets = {r - place[pid] for pid, r in known.items()}
         if len(offsets) != 1:
             continue
         first = offsets.pop()
-        last = first + len(pids) - 1
+        last = first + len(place) - 1
         if first < 0 or (state.world_size and last >= state.world_size):
             continue
-        out.update((pid, first + pids.index(pid)) for pid in unknown)
+        out.update((pid, first + place[pid]) for pid in unknown)
     return out
 

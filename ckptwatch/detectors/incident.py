@@ -22,6 +22,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+#: values of ``ts_source`` that are a line's own time: parsed from the line, or captured by a rule
+OWN_TIME = frozenset({"line", "rule"})
+
 SEVERITIES = ("info", "warning", "error", "critical")
 STATUSES = ("open", "resolved", "superseded")
 #: ``checkpoint_state`` key of a withdrawn incident: why it was taken back
@@ -105,7 +108,7 @@ class EvidenceItem:
     @property
     def own_time(self) -> bool:
         """The time is the line's own (parsed from it, or captured by a rule inside it)."""
-        return self.ts_source in ("line", "rule")
+        return self.ts_source in OWN_TIME
 
 
 @dataclass

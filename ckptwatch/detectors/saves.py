@@ -57,6 +57,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ckptwatch.detectors.events import FAILURE_KINDS, Ev, in_save
+from ckptwatch.detectors.incident import OWN_TIME
 from ckptwatch.detectors.jobstate import NO_STEP, JobState, ev_key as _key
 from ckptwatch.detectors.save_points import presumed_saves
 from ckptwatch.naming import CKPT_FILE_NAME
@@ -69,10 +70,6 @@ RELOAD_WINDOW = dt.timedelta(seconds=120)
 #: the step (and key) of a save that failed where no line of the job tells a step (a pasted
 #: traceback alone): reported with step None; below every other key, abandoned attempts' too
 UNKNOWN_STEP = -(1 << 40)
-
-
-#: values of ``ts_source`` that are a line's own time: parsed from the line, or captured by a rule
-OWN_TIME = frozenset({"line", "rule"})
 
 
 class Dating:

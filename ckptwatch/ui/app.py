@@ -35,7 +35,7 @@ from typing import Any
 
 from flask import Flask, jsonify, render_template, request
 
-from ckptwatch.detectors.incident import DEFAULT_SEVERITY, SEVERITIES, STATUSES
+from ckptwatch.detectors.incident import DEFAULT_SEVERITY, OWN_TIME, SEVERITIES, STATUSES
 from ckptwatch.history import queries, timeline
 from ckptwatch.history.cli import parse_since, report_text
 from ckptwatch.history.plot import svg
@@ -153,7 +153,7 @@ def create_app(database: str, *, snapshot_only: bool = False, redactor: Redactor
             return render_template("list.html", rows=[], source="", error=str(e), f={}, kinds=[], severities=[],
                                    statuses=[], refresh_ms=REFRESH_MS, **common("list")), 503
         # ≈: a time inherited from an earlier line (or the file's), not the line's own
-        ev = [{**e, "ts": f"{e['ts']:%H:%M:%S.%f}"[:-3] + ("" if e.get("ts_source") in (None, "line", "rule") else "≈")}
+        ev = [{**e, "ts": f"{e['ts']:%H:%M:%S.%f}"[:-3] + ("" if (e.get("ts_source") or "line") in OWN_TIME else "≈")}
               for e in evidence.iter_rows(named=True)]
         al = [{**a, "created": _when(a["created_ts"])} for a in alerts.iter_rows(named=True)]
         return render_template("incident.html", inc=inc, svg=picture, report=report_text(inc), evidence=ev,
