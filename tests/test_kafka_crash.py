@@ -39,8 +39,10 @@ def test_collector_kill9_mid_stream_loses_and_repeats_nothing(kafka_bootstrap, t
     t = threading.Thread(target=writer)
     t.start()
     kills = 0
-    # kill -9 at staggered moments while lines are still arriving ...
-    for delay in (0.8, 1.3, 2.1):
+    # kill -9 at staggered moments while lines are still arriving (the last one long enough
+    # after its start, ~1.2 s of imports on a loaded machine, for a checkpoint to be saved:
+    # the floors below need one) ...
+    for delay in (0.8, 1.3, 4.0):
         p = ckptwatch(["collect", str(tmp_path / "logs")], env)
         time.sleep(delay)
         p.send_signal(signal.SIGKILL)
