@@ -37,8 +37,9 @@ CASES = {
     # mmdet-nfs: host det-node-4; verl-ppo: step 300, rank 6, world size 8
     "c08_fleet/fleet": (FLEET, [("mmdet-nfs", "storage_failure_during_save", 24, "storage_error", 0, ANY, [], None),
                                 ("verl-ppo", "interrupted_save", ANY, "oom_kill", ANY, "10.0.3.7", [], ANY)]),
-    # cause: the README says a traceback cut off is class unknown
-    "c09_paste_cut/paste.txt": ({"job": "mistral-ft-dec06"}, [("mistral-ft-dec06", "interrupted_save", 1200, ANY, 0,
+    # cause: the truth says unknown, from the README of then, which said so; a traceback is printed only for an
+    # exception that propagated, so the class is `exception` (the README now says so), the report says it is cut
+    "c09_paste_cut/paste.txt": ({"job": "mistral-ft-dec06"}, [("mistral-ft-dec06", "interrupted_save", 1200, "exception", 0,
                                                                None, [], None)]),
     "c10_slurm_timelimit_nemo/gpt-nemo": ({}, [("slurm-771234", "interrupted_save", 3999, "signal", ANY, "gpu-b07", ANY,
                                                 8)]),
@@ -64,3 +65,14 @@ def test_every_fact_of_the_second_trial_s_case(case, tmp_path):
     want = sorted(expected, key=lambda f: (f[0], f[1]))
     assert len(got) == len(want), got
     assert [tuple(w if w is ANY else g for g, w in zip(gf, wf, strict=True)) for gf, wf in zip(got, want)] == want
+
+
+def test_a_cut_traceback_s_advice_says_the_exception_is_cut_off_not_what_it_names(tmp_path):
+    """c09: the paste ends inside the traceback, so the advice cannot quote the exception's
+    line (it used to quote the header, 'Traceback (most recent call last):', as what to fix)."""
+    found, _ = diagnose([str(trial_case(TRIAL, "c09_paste_cut/paste.txt", tmp_path))],
+                        PipelineOptions(job="mistral-ft-dec06"))
+    assert [i.root_cause.line for i in found] == ["Traceback (most recent call last):"]
+    advice = found[0].remediation
+    assert "whose name and message the logs read cut off" in advice
+    assert "(Traceback (most recent call last):)" not in advice

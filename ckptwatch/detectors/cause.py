@@ -343,7 +343,7 @@ def _cut_class(e: Ev) -> str:
     """The class of a traceback cut before its exception line: from the exception its header
     names (:data:`CUT_EXCEPTION_CLASSES`, ``exception`` for another name), else ``exception``:
     CPython prints a traceback only for an exception that propagated, so the save code raised
-    one, though which one the paste does not show (the report says so)."""
+    one, though which one the paste does not show (the note and the advice say so)."""
     name = str(e.attrs.get("exception") or "")
     if not name:
         return "exception"
@@ -368,7 +368,7 @@ def _hard_note(cls: str, sig: str | None, sender: str | None, ev: Ev) -> str:
         return "the process ran out of host memory (an allocation failed; no OOM killer line)"
     if cls == "native_crash":
         return f"the process crashed in native code{f' ({sig})' if sig else ''}"
-    if cls == "exception" and ev.kind == "exception" and ev.attrs.get("cut"):
+    if ev.kind == "exception" and ev.attrs.get("cut"):
         return "the save code raised an exception, but the traceback is cut off before its exception line: which one is not in the paste"
     if cls == "exception":
         exc = ev.attrs.get("exception")

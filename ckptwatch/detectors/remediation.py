@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import re
+
 from ckptwatch.detectors.incident import RootCause
+
+#: A root line that is only CPython's traceback header: the paste ends before the exception line.
+_TRACEBACK_HEADER = re.compile(r"\s*Traceback \(most recent call last\):?\s*$")
 
 
 def _where(path: str | None, step: int | None) -> str:
@@ -63,6 +68,9 @@ def _cause_advice(root: RootCause | None) -> str:
         return (f"{who}{pid}{host} crashed in native code during the save: look at the crash's frames (a core "
                 "dump, faulthandler's stack), the library versions of the writer, and the storage it wrote to; "
                 "relaunch from the last good checkpoint.")
+    if root.cls == "exception" and _TRACEBACK_HEADER.match(root.line or ""):  # cut before its exception line
+        return ("The save code raised an exception whose name and message the logs read cut off: find the "
+                "traceback's last line in the full log (or rerun with the full console kept) and fix what it names.")
     if root.cls == "exception":
         return (f"The save code raised an error of its own ({root.line}): fix what it names (an object the "
                 "serializer cannot write, a wrong argument or path) before the next save.")
