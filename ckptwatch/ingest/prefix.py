@@ -35,6 +35,9 @@ torchrun ``--tee``  ``[default2]:``,             local rank: ``[<role><local_ran
 c10d excepthook     ``[rank3]:``                 global rank (``torch.distributed`` prefixes
                                                  an uncaught exception's lines after
                                                  ``init_process_group``)
+verl                ``[rank-3]: ``               global rank (verl/utils/checkpoint/
+                                                 fsdp_checkpoint_manager.py ``save_checkpoint``
+                                                 prints ``f"[rank-{self.rank}]: Saving …"``)
 ==================  ===========================  ===========================================
 
 ``[rankN]:[rankM]:`` is ``--tee`` with ``--role rank`` followed by the excepthook: N is
@@ -75,7 +78,7 @@ OMPI_RE = r"^\[\d+,(?P<task>\d{1,6})\]<(?:stdout|stderr)>: ?"
 KUBECTL_RE = r"^\[pod/(?P<pod>[^/\]\s]+)/[^\]\s]*\] "
 RAY_RE = r"^ *\((?P<actor>[A-Za-z_][\w.]*) pid=(?P<pid>\d+)(?:, ip=\[?(?P<ip>[0-9A-Fa-f.:]+)\]?)?\) "
 TEE_RE = r"^\[(?P<role>[A-Za-z_][A-Za-z_-]*?)(?P<local_rank>\d+)\]:"
-RANK_RE = r"^\[rank(?P<rank>\d+)\]:[ ]?"
+RANK_RE = r"^\[rank-?(?P<rank>\d+)\]:[ ]?"
 DOUBLE_RANK_RE = r"^\[rank(?P<local>\d+)\]:\[rank(?P<rank>\d+)\]:"
 
 #: a torchrun agent's own line (glog format): its pid (torch/distributed/elastic logging)
@@ -383,7 +386,7 @@ def split_prefixes(df: pl.DataFrame, text_col: str = "line", *, layout: PrefixLa
         line.str.replace(ROLE_PAIR_RE, "").alias(text_col))
     local_parts.append(pl.col("_pair_local"))
     tee = line.str.extract_groups(TEE_RE)
-    is_tee = tee.struct.field("role").is_not_null() & (tee.struct.field("role") != "rank")
+    is_tee = tee.struct.field("role").is_not_null() & ~tee.struct.field("role").is_in(["rank", "rank-"])
     dbl = line.str.extract_groups(DOUBLE_RANK_RE)
     is_dbl = dbl.struct.field("local").is_not_null()
     df = df.with_columns(
