@@ -29,6 +29,11 @@ tf.train.CheckpointManager's ``ckpt-12`` counts saves: neither names a step.
 
 The nearest component to the end of the path that follows a convention gives the step
 (``out/checkpoint-20/pytorch_model_fsdp_0`` -> 20).
+
+Some shard names carry the world size that wrote them: verl's FSDP checkpoint manager
+(verl/utils/checkpoint/fsdp_checkpoint_manager.py ``save_checkpoint``) writes
+``model_world_size_{world_size}_rank_{rank}.pt`` (and ``optim_``, ``extra_state_``), read by
+:func:`world_size_from_path`.
 """
 
 from __future__ import annotations
@@ -64,6 +69,21 @@ _RAY_INDEX = re.compile(r"checkpoint_\d{6}")
 #: ``checkpoint_number`` is passed): a count of saves, not a step (Estimator's ``model.ckpt-N``
 #: is the global step)
 _TF_SAVE_COUNTER = re.compile(r"ckpt-\d+(?:_temp(?:[/\\].*)?|\.index|\.data-\d+-of-\d+)?")
+
+
+#: verl's FSDP shard name: '{model,optim,extra_state}_world_size_{world_size}_rank_{rank}.pt'
+WORLD_SIZE_IN_NAME = re.compile(r"(?i)(?:^|[^a-z0-9])world_size_(\d{1,6})_rank_(\d{1,6})(?!\d)")
+
+
+def world_size_from_path(path: str | None) -> int | None:
+    """The world size a shard's file name states (``…/model_world_size_8_rank_3.pt`` -> 8), or
+    None when it states none, or states a rank not below it (a name of another meaning)."""
+    if not path:
+        return None
+    m = WORLD_SIZE_IN_NAME.search(path.rsplit("/", 1)[-1])
+    if m is None or int(m.group(2)) >= int(m.group(1)) or int(m.group(1)) == 0:
+        return None
+    return int(m.group(1))
 
 
 def step_from_path(path: str | None) -> int | None:

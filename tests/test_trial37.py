@@ -20,13 +20,11 @@ FLEET = {"template": "{job}/*"}
 CASES = {
     "c01_two_runs_one_dir/sft-sweep": ({}, [("sft7b-lr2e5", "storage_failure_during_save", 500, "storage_error", 0,
                                              "sft-box-2", [1], 2)]),
-    # rank: the truth says 0 (a one-process-per-GPU Lightning job whose OOM-killed pid names no rank)
-    "c02_two_jobs_one_db/llama-ft-a": ({}, [("llama-ft-a", "interrupted_save", 1500, "oom_kill", ANY, None, [], 4)]),
-    # collateral: the truth says [0] (DeepSpeed's launcher kills rank 0 by pid: "Killing subprocess 5501")
-    "c02_two_jobs_one_db/bert-pt-b": ({}, [("bert-pt-b", "interrupted_save", 3000, "cuda_oom", 1, None, ANY, 2)]),
+    "c02_two_jobs_one_db/llama-ft-a": ({}, [("llama-ft-a", "interrupted_save", 1500, "oom_kill", 0, None, [], 4)]),
+    "c02_two_jobs_one_db/bert-pt-b": ({}, [("bert-pt-b", "interrupted_save", 3000, "cuda_oom", 1, None, [0], 2)]),
     "c03_clean_noise/qwen-sft": ({}, []),
-    # step: the truth says 12 (mmengine's epoch_12.pth); host: det-node-9
-    "c04_mmdet_glog_live/faster-rcnn": ({}, [("faster-rcnn", "interrupted_save", ANY, "collective_timeout", 0, ANY,
+    "c04_mmdet_glog_live/faster-rcnn": ({}, [("faster-rcnn", "interrupted_save", 12, "collective_timeout", 0,
+                                              "det-node-9",
                                               [1, 2, 3], 4)]),
     "c05_megatron_ws8_segv/gpt-13b": ({}, [("gpt13b-0712", "interrupted_save", 2000, "native_crash", 5, "gpu-node-17",
                                             [0, 1, 2, 3, 4, 6, 7], 8)]),
@@ -34,9 +32,9 @@ CASES = {
                                             1)]),
     # the worker pod (ranks 4-7) was OOMKilled: the truth's root is there, collateral 0-3
     "c07_k8s_pytorchjob/llama-fsdp": ({}, [("llama-fsdp", "interrupted_save", 1200, "oom_kill", ANY, ANY, ANY, 8)]),
-    # mmdet-nfs: host det-node-4; verl-ppo: step 300, rank 6, world size 8
-    "c08_fleet/fleet": (FLEET, [("mmdet-nfs", "storage_failure_during_save", 24, "storage_error", 0, ANY, [], None),
-                                ("verl-ppo", "interrupted_save", ANY, "oom_kill", ANY, "10.0.3.7", [], ANY)]),
+    "c08_fleet/fleet": (FLEET, [("mmdet-nfs", "storage_failure_during_save", 24, "storage_error", 0, "det-node-4", [],
+                                 None),
+                                ("verl-ppo", "interrupted_save", 300, "oom_kill", 6, "10.0.3.7", [], 8)]),
     # cause: the truth says unknown, from the README of then, which said so; a traceback is printed only for an
     # exception that propagated, so the class is `exception` (the README now says so), the report says it is cut
     "c09_paste_cut/paste.txt": ({"job": "mistral-ft-dec06"}, [("mistral-ft-dec06", "interrupted_save", 1200, "exception", 0,

@@ -303,7 +303,9 @@ def _oom_victim_rank(ev: Ev, failures: list[Ev], state: JobState) -> int | None:
     """The rank of a kernel OOM kill that names none: a Slurm task cgroup in the kernel's
     summary (``task_memcg=/slurm/uid_1000/job_77120/step_0/task_2``: the task id is the rank
     under srun), else a SIGKILL death with a rank reported on the same host around it
-    (srun's ``task 2: Killed``)."""
+    (srun's ``task 2: Killed``), else the one worker Ray reports dead on that host around it
+    (``ActorDiedError`` naming the pid of a worker whose lines name its rank: the raylet's
+    memory monitor counts the workers it killed, it does not name them)."""
     for e in failures:
         if e.kind == "oom_kill" and abs((e.ts - ev.ts).total_seconds()) <= _SAME_FAILURE_S:
             m = _SLURM_TASK.search(str(e.attrs.get("task_memcg") or ""))
@@ -315,6 +317,12 @@ def _oom_victim_rank(ev: Ev, failures: list[Ev], state: JobState) -> int | None:
                 and (not ev.host or not e.host or e.host == ev.host)
                 and abs((e.ts - ev.ts).total_seconds()) <= _SAME_FAILURE_S):
             return r
+    if ev.attrs.get("reporter") == "ray":
+        dead = {r for e in failures if e.kind == "process_exit" and e.attrs.get("reporter") == "ray"
+                and (not ev.host or not e.host or e.host == ev.host)
+                and abs((e.ts - ev.ts).total_seconds()) <= _SAME_FAILURE_S and (r := state.rank_of(e)) is not None}
+        if len(dead) == 1:
+            return dead.pop()
     return None
 
 

@@ -14,6 +14,7 @@ import dataclasses
 import itertools
 import datetime as dt
 import json
+import re
 from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ import polars as pl
 from ckptwatch.detectors.events import LOADING_KINDS, Ev, task_ranks
 from ckptwatch.detectors.incident import EvidenceItem
 from ckptwatch.frames import detached
+from ckptwatch.naming import world_size_from_path
 
 #: progress lines kept per rank (past it, the oldest half goes): their time, step and place
 MAX_PROGRESS = 256
@@ -341,6 +343,11 @@ class RankProgress:
 
 #: host names a launcher reports that name no machine
 NO_HOST_NAMES = frozenset({"localhost", "localhost.localdomain", "127.0.0.1", "::1", "<N/A>", "N/A"})
+#: a shell's command that is a Python script run by the interpreter itself (not torchrun, deepspeed,
+#: accelerate, srun, mpirun, ``python -m torch.distributed.run``)
+_PLAIN_PYTHON = re.compile(r"^(?:\S*/)?python[\d.]*(?:\s+-[A-Za-ln-z]\S*)*\s+(?!-m\b)\S+\.py\b")
+#: hosts of a job's lines kept (:attr:`JobState.named_hosts`): one is all :meth:`JobState.host_of` asks about
+HOSTS_KEPT = 8
 
 
 @dataclass
@@ -357,6 +364,8 @@ class JobState:
     #: rank -> the host a launcher's failure report names for it (torchrun's ``host :``)
     reported_host: dict[int, str] = field(default_factory=dict)
     local_to_rank: dict[tuple[str | None, int], int] = field(default_factory=dict)
+    #: hosts the job's lines name (labels, a kernel log's host), the first :data:`HOSTS_KEPT`
+    named_hosts: set[str] = field(default_factory=set)
     #: newest event time of the job (UTC), never past the wall clock by more than a day; of
     #: the events dated by a line of their own (or inheriting one's time) when there are any,
     #: else of those dated by their file's mtime (see :meth:`_clock`)
@@ -707,8 +716,13 @@ class JobState:
             ws = ev.attrs.get("world_size")
             if isinstance(ws, int) and ws > 0:
                 self.world_size = max(self.world_size or 0, ws)
+        elif ev.kind in ("save_start", "save_end") and (ws := world_size_from_path(ev.path)) is not None:
+            self.world_size = max(self.world_size or 0, ws)  # a shard's name states it (verl's)
+        if ev.host:
+            self.saw_host(ev.host)
         if ev.rank is None and ev.pid is not None and ev.pid not in self.pid_rank:
-            if ev.local_rank is None and ev.attrs.get("reporter") == "shell" and self.single_process:
+            if ev.local_rank is None and ev.attrs.get("reporter") == "shell" and (
+                    self.single_process or self._main_process(ev)):
                 self._map_pid(ev.pid, 0)  # the shell names the one process of a single-process job
             elif ev.local_rank is not None and ev.kind == "world_size" and (r := self.rank_of(ev)) is not None:
                 self._map_pid(ev.pid, r)  # a launcher's "process N spawned ... --local_rank=1" on a one-host job
@@ -723,7 +737,13 @@ class JobState:
             if ev.host:
                 self.rank_host.setdefault(ev.rank, ev.host)
             elif isinstance(reported, str) and reported not in NO_HOST_NAMES:
-                self.reported_host.setdefault(ev.rank, reported)  # a name only: not where the node's lines are
+                # a name only, not where the node's lines are; torchrun numbers a node's ranks
+                # as a block (rank = group_rank * local_world_size + local_rank), so the ranks
+                # below this one in its block are on that host too
+                block = range(ev.rank - ev.local_rank, ev.rank + 1) if (
+                    ev.local_rank is not None and 0 <= ev.local_rank <= ev.rank) else (ev.rank,)
+                for r in block:
+                    self.reported_host.setdefault(r, reported)
             if ev.local_rank is not None:
                 if ev.host is None and ev.rank != ev.local_rank:
                     # a node other than the first, with no host label: its local ranks say
@@ -731,6 +751,17 @@ class JobState:
                     self.unlabelled_nodes = True
                 else:
                     self.local_to_rank[(ev.host, ev.local_rank)] = ev.rank
+
+    def _main_process(self, ev: Ev) -> bool:
+        """The shell's report names the main process of a one-node job: a plain ``python
+        script.py`` (no launcher between: Lightning's DDP launcher and the like start the other
+        ranks from it and keep global rank 0 there), in a job whose lines name one host at most."""
+        return bool(_PLAIN_PYTHON.match(str(ev.attrs.get("command") or ""))) and len(set(self.rank_host.values())) <= 1
+
+    def saw_host(self, host: str) -> None:
+        """Note that a line of the job (its own, or a kernel log's among its files) names ``host``."""
+        if host not in NO_HOST_NAMES and len(self.named_hosts) < HOSTS_KEPT:
+            self.named_hosts.add(host)
 
     def _map_pid(self, pid: int, rank: int) -> None:
         self.pid_rank[pid] = rank
@@ -781,10 +812,15 @@ class JobState:
         return local_rank
 
     def host_of(self, rank: int | None) -> str | None:
-        """The host of ``rank``: its lines' host label, else the one a launcher reported for it."""
+        """The host of ``rank``: its lines' host label, else the one a launcher reported for it;
+        in a single-process job whose lines name one host only (its kernel log beside its
+        console), that host."""
         if rank is None:
             return None
-        return self.rank_host.get(rank) or self.reported_host.get(rank)
+        host = self.rank_host.get(rank) or self.reported_host.get(rank)
+        if host is None and rank == 0 and len(self.named_hosts) == 1 and self.single_process:
+            host = next(iter(self.named_hosts))
+        return host
 
     def arrived(self, ev: Ev, arrival: dt.datetime, *, ts_limit: dt.datetime | None = None) -> None:
         """Note that ``ev`` (a copy already known included) arrived at wall time ``arrival``:
@@ -838,10 +874,13 @@ class JobState:
 
     def evidence(self, items: list[tuple[Ev, str]]) -> list[EvidenceItem]:
         """``(event, role)`` pairs as an incident's evidence: in event-time order, each event
-        once, with its global rank and host filled in from what the job taught us."""
+        once, with its global rank and host filled in from what the job taught us. An event in
+        two roles keeps the telling one: ``root_cause``, then ``collateral``, then the rest (a
+        CUDA OOM in the save code is one of the save's lines and its root cause)."""
         seen: set[tuple[str, int]] = set()
         out = []
-        for ev, role in sorted(items, key=lambda x: (x[0].ts, x[0].source_id, x[0].offset)):
+        telling = {"root_cause": 0, "collateral": 1}
+        for ev, role in sorted(items, key=lambda x: (x[0].ts, x[0].source_id, x[0].offset, telling.get(x[1], 2))):
             if ev.ref in seen:
                 continue
             seen.add(ev.ref)

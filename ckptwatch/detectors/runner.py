@@ -152,6 +152,8 @@ class Detector:
                 self._dirty.update(self.jobs)
                 self._fresh.update(self.jobs)
                 if ev.attrs.get("scope") == "host":
+                    if ev.job is not None and ev.host:  # a kernel log among a job's own files: its host
+                        self._job_state(ev.job).saw_host(ev.host)
                     continue
                 # a rank-less storage error or OOM report in a job's own files is that job's too
             job = ev.job or self._unlabelled
@@ -161,10 +163,7 @@ class Detector:
             if tomb is not None and ev.ts <= tomb[0]:
                 self.stats.after_release += 1
                 continue
-            state = self.jobs.get(job)
-            if state is None:
-                state = self.jobs[job] = self._new_job(job)
-                self.stats.jobs += 1
+            state = self._job_state(job)
             if not state.add(ev, ts_limit=limit):
                 self.stats.duplicates += 1
             state.arrived(ev, arrival, ts_limit=limit)
@@ -295,6 +294,13 @@ class Detector:
             wm += now - self.last_arrival
         return wm
 
+    def _job_state(self, job: str) -> JobState:
+        state = self.jobs.get(job)
+        if state is None:
+            state = self.jobs[job] = self._new_job(job)
+            self.stats.jobs += 1
+        return state
+
     def _host_events_for(self, state: JobState, events: list[Ev] | None = None) -> list[Ev]:
         """Kernel / storage events joined to ``state``'s job: of its hosts, or of a pid of one
         of its ranks; and a kernel OOM kill of the pid a death by signal of the job reports
@@ -302,7 +308,8 @@ class Detector:
         its host unknown on either side or the same (a single-node run reads no host label).
         A job that names no host at all (a pasted console beside a pasted ``journalctl -k``)
         also gets a kernel OOM kill within that window of a SIGKILL death that names no pid
-        (bash's ``Killed``)."""
+        (bash's ``Killed``). And the lines naming no pid of a kernel log among the job's own
+        files (a fleet root read with ``{job}/*`` puts ``kern.log`` under the job)."""
         hosts, pids = state.hosts(), set(state.pid_rank)
         deaths: dict[int, list[tuple[dt.datetime, str | None]]] = {}
         anonymous: list[dt.datetime] = []  # SIGKILL deaths without a pid, in a job without hosts
@@ -316,6 +323,8 @@ class Detector:
 
         def joined(e: Ev) -> bool:
             if (e.host and e.host in hosts) or (e.pid is not None and e.pid in pids):
+                return True
+            if e.job == state.job and e.pid is None:  # a kernel log among the job's own files (not a pid of another)
                 return True
             if e.kind == "oom_kill" and any(abs(e.ts - ts) <= window for ts in anonymous):
                 return True

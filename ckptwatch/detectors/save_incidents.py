@@ -159,7 +159,7 @@ def evaluate(
             items = save_items + [(e, "root_cause") for e in att.root_events] + [
                 (e, "collateral") for e in att.collateral_events]
             out.append(_incident(kind, state, s, att.root, att.collateral, last_good, items,
-                                 min(s.began, att.root.ts or s.began)))
+                                 min(s.began, att.root.ts or s.began), path=s.path or _named_by(att.root_events, s)))
             out[-1].provisional = not settled  # the launcher said the job failed; late lines may still come
         elif s.failed or (s.missing and s.done_ranks and _went_on(state, s)):
             if not (final or watermark >= s.first_ts + settle):
@@ -193,15 +193,26 @@ def _dated(att: Attribution | None, events: list[Ev]) -> Attribution | None:
     return att
 
 
+def _named_by(root_events: list[Ev], s: SaveState) -> str | None:
+    """The checkpoint path a save's failure names, when the save's own lines name none
+    (mmengine's 'Saving checkpoint at 24 epochs', then ``OSError: [Errno 5] …: '…/epoch_24.pth'``):
+    the path of a root event of the save's step."""
+    if s.step == UNKNOWN_STEP:
+        return None
+    return next((e.path for e in root_events if e.path and e.step == s.step), None)
+
+
 def _incident(kind: str, state: JobState, s: SaveState, root, collateral: list[int], last_good: dict | None,
-              items: list[tuple[Ev, str]], first_ts: dt.datetime) -> Incident:
+              items: list[tuple[Ev, str]], first_ts: dt.datetime, *, path: str | None = None) -> Incident:
+    """The incident of save ``s``; ``path``: its checkpoint's, when its failure names it (default ``s.path``)."""
     step = None if s.step == UNKNOWN_STEP else s.step
+    path = path or s.path
     return Incident(
-        kind=kind, job=state.job, step=step, checkpoint_path=s.path, root_cause=root, collateral=collateral,
+        kind=kind, job=state.job, step=step, checkpoint_path=path, root_cause=root, collateral=collateral,
         # the world size the job's lines state, beside the ranks seen saving (often rank 0 alone)
         checkpoint_state={**s.state_dict(), **({"world_size": state.world_size} if state.world_size else {})},
         last_good_checkpoint=last_good,
-        remediation=remediation.for_save(kind, step, s.path, root, last_good, presumed=s.presumed), first_ts=first_ts,
+        remediation=remediation.for_save(kind, step, path, root, last_good, presumed=s.presumed), first_ts=first_ts,
         evidence=state.evidence(items),
     )
 
