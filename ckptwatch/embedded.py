@@ -124,8 +124,8 @@ class EmbeddedRunner:
         # lines that name no job (a launcher's log beside rank files labelled from within):
         # the one job's, as diagnose takes them; live too, once one job is known
         # (live only once every file is read to its end: a backlog may still hold another job)
-        if not self.watcher.backlog:
-            self.detector.adopt_unlabelled(live=not done)
+        if not self.watcher.backlog and self.detector.adopt_unlabelled(live=not done):
+            self.stats.unlabelled_job, self.stats.unlabelled_folded = self.detector.adopted_into or "unknown", True
         changed = self.detector.advance(final=done, now=now)
         if conclude and final:
             read = self.watcher.jobs_read()

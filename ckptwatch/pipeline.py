@@ -208,7 +208,8 @@ def _diagnose(paths: list[str], options: PipelineOptions, progress: Callable[[St
                 break
     finally:
         watcher.close()
-    detector.adopt_unlabelled()
+    if detector.adopt_unlabelled():
+        stats.unlabelled_job, stats.unlabelled_folded = detector.adopted_into or stats.unlabelled_job, True
     detector.advance(final=True)
     stats.duplicate_events = detector.stats.duplicates
     stats.open_saves = detector.unfinished_saves()

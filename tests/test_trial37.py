@@ -41,12 +41,14 @@ CASES = {
                                                                None, [], None)]),
     "c10_slurm_timelimit_nemo/gpt-nemo": ({}, [("slurm-771234", "interrupted_save", 3999, "signal", ANY, "gpu-b07", ANY,
                                                 8)]),
-    # also a poisoned_resume of step 600 (attempt 1 resumes from the torn step_600): not found
+    # the load failure's rank: every rank failed to load (.metadata missing), the truth names them all
     "c11_logdir_attempts/gpt2-elastic": ({}, [
         ("gpt2-elastic", "interrupted_save", 600, "signal", 2, "trn-node-3", [0, 1, 3], 4),
+        ("gpt2-elastic", "poisoned_resume", 600, None, None, None, [], None),
         ("gpt2-elastic", "load_failure", 600, "load_error", ANY, "trn-node-3", [], None)]),
     "c11b_logdir_runid/exp-dir": ({}, [
         ("gpt2-elastic", "interrupted_save", 600, "signal", 2, "trn-node-3", [0, 1, 3], 4),
+        ("gpt2-elastic", "poisoned_resume", 600, None, None, None, [], None),
         ("gpt2-elastic", "load_failure", 600, "load_error", ANY, "trn-node-3", [], None)]),
     "c12_multinode_ds_sibling/bloom-3b": ({}, [("bloom3b-dec06", "storage_failure_during_save", 800, "storage_error", 6,
                                                 "node-b", [0, 1, 2, 3, 4, 5, 7], 8)]),
@@ -74,3 +76,13 @@ def test_a_cut_traceback_s_advice_says_the_exception_is_cut_off_not_what_it_name
     advice = found[0].remediation
     assert "whose name and message the logs read cut off" in advice
     assert "(Traceback (most recent call last):)" not in advice
+
+
+def test_the_missing_job_warning_names_the_job_the_lines_were_folded_into(tmp_path):
+    """c11b: the rank files name no job and the directory is exp-dir, but the torchrun
+    --log-dir layout names run gpt2-elastic: the rank files' lines are folded into it, and
+    the warning said they were judged as job 'exp-dir' (the directory's name)."""
+    found, stats = diagnose([str(trial_case(TRIAL, "c11b_logdir_runid/exp-dir", tmp_path))])
+    assert {i.job for i in found} == {"gpt2-elastic"}
+    (warning,) = [w for w in stats.label_warnings() if "carry no job" in w]
+    assert "judged together as job 'gpt2-elastic' (the one job the other lines name)" in warning

@@ -103,6 +103,8 @@ class Detector:
     def __init__(self, config: DetectorConfig | None = None) -> None:
         self.config = config or DetectorConfig()
         self._unlabelled = self.config.unlabelled_job  # the job of the events that name none
+        #: the one named job the events naming none were last folded into (:meth:`adopt_unlabelled`)
+        self.adopted_into: str | None = None
         self.jobs: dict[str, JobState] = {}
         self.host_events: dict[str, Ev] = {}
         self._host_arrival: dict[str, dt.datetime] = {}  # dedup key -> wall time it arrived
@@ -253,6 +255,7 @@ class Detector:
             if first is None or any(ts >= first for job, (ts, _) in self.released.items() if job != named[0]):
                 return False
         job = named[0]
+        self.adopted_into = job
         state = self.jobs[job]
         for unknown in unknowns:
             for step, r in unknown.retired.items():  # its saves let go while no job was named

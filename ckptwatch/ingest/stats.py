@@ -34,6 +34,8 @@ class Stats:
     no_job: int = 0
     #: the job those events are judged as (:func:`ckptwatch.pipeline.unlabelled_job`)
     unlabelled_job: str = "unknown"
+    #: they were folded into the one job the other lines name (``unlabelled_job`` is that job)
+    unlabelled_folded: bool = False
     #: saves seen to start and not to finish, with no failure, at the end of a one-shot read: (job, step, path)
     open_saves: list[tuple[str, int, str | None]] = field(default_factory=list)
     no_rank: dict[str, int] = field(default_factory=dict)
@@ -79,8 +81,9 @@ class Stats:
                                "`ckptwatch diagnose` reads them, or decompress them into the watched directory")
         if self.no_job and self.files > 1:  # one file or a paste is one job by necessity
             files = ", ".join(self.unlabelled_files.get("", [])[:3])
+            why = "the one job the other lines name" if self.unlabelled_folded else "the directory's name"
             out["no-job"] = (f"{self.no_job} event(s) carry no job (e.g. in {files}): they are judged together as job "
-                       f"'{self.unlabelled_job}' (the directory's name); name the job with --job NAME (one run), "
+                       f"'{self.unlabelled_job}' ({why}); name the job with --job NAME (one run), "
                        "or with --path-template, e.g. '{job}/rank{rank}.log' or "
                        "'{job}/{host}/*.log' (a directory named after the job, read through a template), or "
                        "log torchrun's launch configuration (LOGLEVEL=INFO prints its run_id)")
