@@ -30,8 +30,9 @@ CASES = {
                                             [0, 1, 2, 3, 4, 6, 7], 8)]),
     "c06_untimed_save/resnet-plain": ({}, [("resnet-plain", "interrupted_save", 3000, "oom_kill", 0, "gpu-box-3", [],
                                             1)]),
-    # the worker pod (ranks 4-7) was OOMKilled: the truth's root is there, collateral 0-3
-    "c07_k8s_pytorchjob/llama-fsdp": ({}, [("llama-fsdp", "interrupted_save", 1200, "oom_kill", ANY, ANY, ANY, 8)]),
+    # the worker pod (ranks 4-7) was OOMKilled: the root is that pod, no one rank of it
+    "c07_k8s_pytorchjob/llama-fsdp": ({}, [("llama-fsdp", "interrupted_save", 1200, "oom_kill", None,
+                                            "llama-fsdp-worker-0", [0, 1, 2, 3], 8)]),
     "c08_fleet/fleet": (FLEET, [("mmdet-nfs", "storage_failure_during_save", 24, "storage_error", 0, "det-node-4", [],
                                  None),
                                 ("verl-ppo", "interrupted_save", 300, "oom_kill", 6, "10.0.3.7", [], 8)]),
@@ -39,8 +40,9 @@ CASES = {
     # exception that propagated, so the class is `exception` (the README now says so), the report says it is cut
     "c09_paste_cut/paste.txt": ({"job": "mistral-ft-dec06"}, [("mistral-ft-dec06", "interrupted_save", 1200, "exception", 0,
                                                                None, [], None)]),
-    "c10_slurm_timelimit_nemo/gpt-nemo": ({}, [("slurm-771234", "interrupted_save", 3999, "signal", ANY, "gpu-b07", ANY,
-                                                8)]),
+    # the root is the scheduler's time limit, whole-job (no rank: the truth accepts any), every rank collateral
+    "c10_slurm_timelimit_nemo/gpt-nemo": ({}, [("slurm-771234", "interrupted_save", 3999, "signal", None, "gpu-b07",
+                                                [0, 1, 2, 3, 4, 5, 6, 7], 8)]),
     # the load failure's rank: every rank failed to load (.metadata missing), the truth names them all
     "c11_logdir_attempts/gpt2-elastic": ({}, [
         ("gpt2-elastic", "interrupted_save", 600, "signal", 2, "trn-node-3", [0, 1, 3], 4),
@@ -86,3 +88,12 @@ def test_the_missing_job_warning_names_the_job_the_lines_were_folded_into(tmp_pa
     assert {i.job for i in found} == {"gpt2-elastic"}
     (warning,) = [w for w in stats.label_warnings() if "carry no job" in w]
     assert "judged together as job 'gpt2-elastic' (the one job the other lines name)" in warning
+
+
+def test_a_save_s_path_is_its_checkpoint_directory_not_a_part_inside_it(tmp_path):
+    """c07: Accelerate logs 'Saving current state to …/checkpoint_1200' and then its FSDP
+    model folder inside it; the checkpoint (what to move aside, what 'last good' names) is
+    the directory the step's name is on."""
+    found, _ = diagnose([str(trial_case(TRIAL, "c07_k8s_pytorchjob/llama-fsdp", tmp_path))])
+    assert [(i.checkpoint_path, i.last_good_checkpoint["path"]) for i in found] == [
+        ("/mnt/ckpt/llama-fsdp/checkpoint_1200", "/mnt/ckpt/llama-fsdp/checkpoint_800")]

@@ -207,16 +207,19 @@ def attribute(failures: list[Ev], state: JobState, expected: set[int],
         if len(named) == 1 and rank not in named and ev.attrs.get("failed_ranks") is not None:
             rank = next(iter(named))  # DCP's coordinator (rank 0) raises for the rank its list names
         if rank is None and ev.kind != "job_signal":  # another report of the same failure may name the rank
-            # (not of a scheduler's cancel: every rank receives it, the first to say so is no root)
-            same = [h for h in hard[1:] if h[3] == cls and h[4] is not None
+            # (not of a scheduler's cancel: every rank receives it, the first to say so is no root), a
+            # rank on the failure's host when it names one (a pod OOMKilled is not a rank of another pod)
+            def fits(r: int) -> bool:
+                return not ev.host or state.host_of(r) in (None, ev.host)
+            same = [h for h in hard[1:] if h[3] == cls and h[4] is not None and fits(h[4])
                     and abs((h[0] - ts).total_seconds()) <= _SAME_FAILURE_S]
             if same:
                 rank = same[0][4]
             elif cls == "oom_kill" and (r := _oom_victim_rank(ev, failures, state)) is not None:
                 rank = r
-            elif cls != "signal" and len(failed := _failed_workers(failures, state)) == 1:
+            elif cls != "signal" and len(failed := {r for r in _failed_workers(failures, state) if fits(r)}) == 1:
                 rank = failed.pop()  # a rank-less traceback: the one worker the launcher saw fail
-            elif len(unfinished) == 1 and len(expected) > 1:
+            elif len(unfinished) == 1 and len(expected) > 1 and fits(next(iter(unfinished))):
                 rank = next(iter(unfinished))
         sender = ev.attrs.get("sender") if cls == "signal" else None
         note = _hard_note(cls, sig, sender, ev)

@@ -206,13 +206,13 @@ def in_save(e: Ev) -> bool:
 
 
 def task_ranks(tasks: object) -> set[int]:
-    """The ranks of a launcher's task list (srun's ``0-3``, ``0,2-5``, ``[4-7]``); empty
-    for anything else. A list longer than 100,000 ranks is not expanded."""
+    """The ranks of a launcher's task list (srun's ``0-3``, ``0,2-5``, ``[4-7]``, torchrun's
+    ``4, 5, 6, 7``); empty for anything else. A list longer than 100,000 ranks is not expanded."""
     out: set[int] = set()
     if not isinstance(tasks, str):
         return out
     for part in tasks.strip("[]").split(","):
-        lo, _, hi = part.partition("-")
+        lo, _, hi = part.strip().partition("-")
         if not lo.isdigit() or (hi and not hi.isdigit()):
             return set()
         first, last = int(lo), int(hi or lo)

@@ -60,7 +60,7 @@ from ckptwatch.detectors.events import FAILURE_KINDS, Ev, in_save
 from ckptwatch.detectors.incident import OWN_TIME
 from ckptwatch.detectors.jobstate import NO_STEP, JobState, ev_key as _key
 from ckptwatch.detectors.save_points import presumed_saves
-from ckptwatch.naming import CKPT_FILE_NAME
+from ckptwatch.naming import CKPT_FILE_NAME, step_from_path
 
 _SAVE_KINDS = ("save_start", "save_end", "save_error")
 #: a load of the step just saved, in the saving file, this soon after the save began is the
@@ -176,11 +176,20 @@ class SaveState:
 
 
 def _better_path(a: str | None, b: str | None) -> str | None:
+    """The save's path of two its lines name: the checkpoint's directory when one lies inside
+    the other and the outer one names the step by a trainer's convention (Accelerate's
+    ``checkpoint_1200`` rather than its ``checkpoint_1200/pytorch_model_fsdp_0``), else the
+    longer (the more precise)."""
     if a is None:
         return b
     if b is None:
         return a
-    return a if len(a) >= len(b) else b
+    short, long_ = (a, b) if len(a) <= len(b) else (b, a)
+    inner = long_.rstrip("/")
+    outer = short.rstrip("/")
+    if inner.startswith(outer + "/") and step_from_path(os.path.basename(outer)) is not None:
+        return short
+    return long_
 
 
 def _per_rank_files_dir(paths: set[str]) -> str | None:

@@ -45,11 +45,13 @@ RANK_FILE_RE = re.compile(r"(?:^|/|[._-])rank[_-]?(?P<rank>\d{1,6})(?:\.(?:log|o
 #: Kubernetes container logs, whose pod is their host (its hostname): the kubelet's
 #: ``/var/log/pods/<namespace>_<pod>_<uid>/<container>/<restart>.log``, the node's
 #: ``/var/log/containers/<pod>_<namespace>_<container>-<container id>.log`` symlinks, and a
-#: ``kubectl logs <pod> > <pod>.log`` of a PyTorchJob / MPIJob pod (``<job>-worker-3``)
+#: ``kubectl logs <pod> > <pod>.log`` of a PyTorchJob / MPIJob pod (``<job>-worker-3``), and a
+#: ``kubectl describe pod <pod>`` saved as ``describe-pod-<pod>.txt`` (or ``describe-<pod>``)
 K8S_POD_RES = (
     re.compile(r"(?:^|/)[a-z0-9][a-z0-9-]*_(?P<pod>[a-z0-9][a-z0-9.-]*)_[0-9a-f-]{8,}/[^/]+/\d+\.log" + ROTATED + "$"),
     re.compile(r"(?:^|/)(?P<pod>[a-z0-9][a-z0-9.-]*)_[a-z0-9][a-z0-9-]*_[a-z0-9][a-z0-9-]*-[0-9a-f]{4,64}\.log$"),
-    re.compile(r"(?:^|/)(?P<pod>[A-Za-z0-9][\w.-]*-(?:master|worker|launcher)-\d+)(?:\.(?:log|out|txt))?" + ROTATED + "$"),
+    re.compile(r"(?:^|/)(?:describe[-_](?:pods?[-_])?)?(?P<pod>[A-Za-z0-9][\w.-]*-(?:master|worker|launcher)-\d+)"
+               r"(?:\.(?:log|out|txt))?" + ROTATED + "$"),
 )
 SLURM_OUT_RE = re.compile(r"(?:^|/)(?P<job>slurm-\d+(?:_\d+)?)\.(?:out|err)$")
 _FIELD_RE = re.compile(r"\{(job|host|rank|local_rank|attempt)\}")

@@ -864,7 +864,7 @@ class RuleSet:
             parts.append(self._events_for(rule, hit))
         if not parts:
             return empty_events()
-        return pl.concat(parts).sort("_rid").drop("_rid")
+        return _floored_by_rule_times(pl.concat(parts).sort("_rid")).drop("_rid")
 
     def _events_for(self, rule: Rule, hit: pl.DataFrame) -> pl.DataFrame:
         groups = hit.select(pl.col("line").str.extract_groups(rule.pattern).alias("g")).unnest("g")
@@ -1123,6 +1123,24 @@ def _parse_captured_ts(values: pl.Series, context: pl.Series) -> pl.Series:
                        "mtime": context}, schema={"line": pl.Utf8, "stream_key": pl.Utf8, "mtime": TS})
     out = timestamps.add_event_time(df)
     return out.select(pl.when(pl.col("ts_source") == "line").then(pl.col("ts")).alias("ts"))["ts"]
+
+
+def _floored_by_rule_times(events: pl.DataFrame) -> pl.DataFrame:
+    """Events (in record order, ``_rid``) whose time is inherited from an earlier line are no
+    earlier than the own time of an earlier event of their file: the ingest stage dates a
+    line by the last stamped line of its stream (an ``srun -l`` task's), or before any rule
+    read the time inside a line (slurmstepd's ``CANCELLED AT 2026-12-02T03:34:31``,
+    torchrun's ``time : …``), so rank 0's 'Received SIGTERM' printed after the cancellation
+    was dated by its own save line a minute before it, and came before its cause. A file is
+    written in order, so a line printed later was printed no earlier. Within one batch of
+    records: a time of an earlier batch does not carry over."""
+    own = pl.col("ts_source").is_in(["line", "rule"])
+    if not (events["ts_source"] == "inherited").any():
+        return events
+    floor = pl.when(own).then(pl.col("ts")).cum_max().forward_fill().shift(1).over("source_id")
+    return events.with_columns(
+        pl.when((pl.col("ts_source") == "inherited") & (floor > pl.col("ts"))).then(floor)
+        .otherwise(pl.col("ts")).alias("ts"))
 
 
 def _dedup_keys(df: pl.DataFrame) -> pl.Series:
