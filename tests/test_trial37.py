@@ -97,3 +97,12 @@ def test_a_save_s_path_is_its_checkpoint_directory_not_a_part_inside_it(tmp_path
     found, _ = diagnose([str(trial_case(TRIAL, "c07_k8s_pytorchjob/llama-fsdp", tmp_path))])
     assert [(i.checkpoint_path, i.last_good_checkpoint["path"]) for i in found] == [
         ("/mnt/ckpt/llama-fsdp/checkpoint_1200", "/mnt/ckpt/llama-fsdp/checkpoint_800")]
+
+
+def test_an_undated_save_start_with_nothing_dated_after_it_began_by_its_failure(tmp_path):
+    """c06: the save line has no time and comes after 48 minutes of undated evaluation; the
+    next own time known is the kernel's OOM kill that ended it (in kern.log, not its file).
+    The save began by then: first_ts was the last stamped line's, 48 minutes earlier."""
+    found, _ = diagnose([str(trial_case(TRIAL, "c06_untimed_save/resnet-plain", tmp_path))])
+    assert [(i.first_ts.isoformat(), i.root_cause.ts.isoformat()) for i in found] == [
+        ("2026-12-07T10:47:12+00:00", "2026-12-07T10:47:12+00:00")]

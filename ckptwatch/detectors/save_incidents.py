@@ -159,7 +159,7 @@ def evaluate(
             items = save_items + [(e, "root_cause") for e in att.root_events] + [
                 (e, "collateral") for e in att.collateral_events]
             out.append(_incident(kind, state, s, att.root, att.collateral, last_good, items,
-                                 min(s.began, att.root.ts or s.began), path=s.path or _named_by(att.root_events, s)))
+                                 _began(s, att.root.ts), path=s.path or _named_by(att.root_events, s)))
             out[-1].provisional = not settled  # the launcher said the job failed; late lines may still come
         elif s.failed or (s.missing and s.done_ranks and _went_on(state, s)):
             if not (final or watermark >= s.first_ts + settle):
@@ -191,6 +191,19 @@ def _dated(att: Attribution | None, events: list[Ev]) -> Attribution | None:
     if root is not None and root.ts_source not in OWN_TIME and att.root.ts == root.ts:
         att.root.ts = Dating.of_events(events).of(root)
     return att
+
+
+def _began(s: SaveState, failed: dt.datetime | None) -> dt.datetime:
+    """When an interrupted save began, as reported (``first_ts``): its dated start, or the
+    failure's time when that is earlier; and when nothing after its undated start in its file
+    has a time (a ``print`` after 48 minutes of undated evaluation, then a bash ``Killed``),
+    the failure that ended it (a kernel's stamped OOM kill) is the first time known after
+    the start: the save began by then, not 48 minutes before."""
+    if failed is None:
+        return s.began
+    if not s.began_bounded and failed > s.began:
+        return failed
+    return min(s.began, failed)
 
 
 def _named_by(root_events: list[Ev], s: SaveState) -> str | None:

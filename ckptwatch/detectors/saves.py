@@ -129,12 +129,16 @@ class SaveState:
     inherited one included: the save's place among the job's lines. ``began`` is when the save
     began as far as times of the lines' own tell: the earliest start, one whose time is
     inherited dated by :class:`Dating` (the next own time of its file); what is reported
-    (an incident's ``first_ts``) and judged (a stall) goes by it. Ranks are global ranks."""
+    (an incident's ``first_ts``) and judged (a stall) goes by it. ``began_bounded``: False
+    when its start has no own time and no later line of its file has one (``began`` is then
+    only a lower bound: the failure that ended the save is the next thing known to come after
+    it). Ranks are global ranks."""
 
     step: int
     path: str | None = None
     first_ts: dt.datetime | None = None
     began: dt.datetime | None = None
+    began_bounded: bool = True
     started: dict[int, Ev] = field(default_factory=dict)
     finished: dict[int, Ev] = field(default_factory=dict)
     implicit: dict[int, Ev] = field(default_factory=dict)
@@ -399,7 +403,9 @@ def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
         s.began = s.first_ts
         if any(e.ts_source not in OWN_TIME for e in firsts):  # a start no earlier than its time: dated by later lines
             dating = dating or Dating.of_events(events)
-            s.began = min(dating.of(e) for e in firsts)
+            dated = [(dating.of(e), e) for e in firsts]
+            s.began = min(ts for ts, _ in dated)
+            s.began_bounded = any(e.ts_source in OWN_TIME or ts > e.ts for ts, e in dated)
     # ranks that print save lines (not those only known from an error in save code)
     # (those of saves let go count: :mod:`.retire`)
     multi_rank = state.retired_multi or any(len(s.logged) > 1 for s in saves.values())
