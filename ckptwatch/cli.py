@@ -352,7 +352,7 @@ def run_cmd(
         raise
     stopped = False
     try:
-        runner.run(once=once, interval=interval, until_idle=until_idle)
+        runner.run(once=once, interval=interval, until_idle=until_idle, stop=_STOPPING)
     except OpenFileLimitError as e:
         raise _fail(str(e)) from None
     except (KeyboardInterrupt, RuntimeError, duckdb.Error) as e:
