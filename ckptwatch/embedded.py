@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import threading
 from collections.abc import Callable
 
 from ckptwatch.detectors import Detector, Incident
@@ -135,7 +136,10 @@ class EmbeddedRunner:
             if position is not None:
                 self.detector.retire_saves(position)
         released = self.detector.take_released()
-        if released:
+        # the registry is kept with each release, and at the end of a one-shot run, whose jobs
+        # are judged and let go unreleased: the next run into this database (another job that
+        # resumes from this one's torn checkpoint) knows which checkpoints are not good
+        if released or (conclude and final and not self.watcher.backlog):
             self.store.save_released(released, self.detector.registry.to_dict())
         if self.retention is not None and (self._retention_due is None or now >= self._retention_due):
             self.store.delete_events_before(now - self.retention)
@@ -151,12 +155,13 @@ class EmbeddedRunner:
         return changed
 
     def run(self, *, once: bool = False, interval: float = 1.0, until_idle: float | None = None,
-            drain: float = 30.0) -> None:
+            drain: float = 30.0, stop: threading.Event | None = None) -> None:
         """Cycle until interrupted (or once, with everything flushed, for ``--once``; or
         until no line was read and no alert was in flight for ``until_idle`` seconds).
         ``interval`` is in seconds. With ``once``, alerts are delivered for at most ``drain``
         seconds before returning; what is still failing stays queued for the next run.
-        The caller owns the store and closes it (:meth:`close`)."""
+        ``stop``: a stop request (:func:`ckptwatch.services.loop.run_steps`). The caller owns
+        the store and closes it (:meth:`close`)."""
         if once:
             # alerts wait for the end, each incident as it ends: one judged again, or withdrawn
             # by a later line, pages once with its last version (or not at all)
@@ -175,7 +180,7 @@ class EmbeddedRunner:
             if self.alerter:
                 self.alerter.drain(drain)
             return
-        run_steps([self._step], interval=interval, until_idle=until_idle, pace=True)
+        run_steps([self._step], interval=interval, until_idle=until_idle, pace=True, stop=stop)
 
     def _judge_again(self) -> None:
         """Lines reached a job after it was concluded (a file whose lines name another job

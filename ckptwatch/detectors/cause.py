@@ -320,6 +320,8 @@ def _oom_victim_rank(ev: Ev, failures: list[Ev], state: JobState) -> int | None:
                 and (not ev.host or not e.host or e.host == ev.host)
                 and abs((e.ts - ev.ts).total_seconds()) <= _SAME_FAILURE_S):
             return r
+    if state.single_process and not state.pid_rank and ev.pid is not None:
+        return 0  # a one-process job whose lines name no pid: the kill joined it from its own files (Keras under nohup)
     if ev.attrs.get("reporter") == "ray":
         dead = {r for e in failures if e.kind == "process_exit" and e.attrs.get("reporter") == "ray"
                 and (not ev.host or not e.host or e.host == ev.host)

@@ -311,8 +311,10 @@ class Detector:
         its host unknown on either side or the same (a single-node run reads no host label).
         A job that names no host at all (a pasted console beside a pasted ``journalctl -k``)
         also gets a kernel OOM kill within that window of a SIGKILL death that names no pid
-        (bash's ``Killed``). And the lines naming no pid of a kernel log among the job's own
-        files (a fleet root read with ``{job}/*`` puts ``kern.log`` under the job)."""
+        (bash's ``Killed``). And the lines of a kernel log among the job's own files (a fleet
+        root read with ``{job}/*`` puts ``kern.log`` under the job; one job's directory read
+        alone names its job-less files after it) that name no pid, or any pid when the job's
+        lines name none."""
         hosts, pids = state.hosts(), set(state.pid_rank)
         deaths: dict[int, list[tuple[dt.datetime, str | None]]] = {}
         anonymous: list[dt.datetime] = []  # SIGKILL deaths without a pid, in a job without hosts
@@ -327,7 +329,10 @@ class Detector:
         def joined(e: Ev) -> bool:
             if (e.host and e.host in hosts) or (e.pid is not None and e.pid in pids):
                 return True
-            if e.job == state.job and e.pid is None:  # a kernel log among the job's own files (not a pid of another)
+            # a kernel log among the job's own files (a job-less one: the files read are one
+            # job's, named after their directory): not a pid of another process of it, unless
+            # the job's lines name no pid at all (Keras under nohup: the kernel names the only one)
+            if (e.job or self._unlabelled) == state.job and (e.pid is None or not pids):
                 return True
             if e.kind == "oom_kill" and any(abs(e.ts - ts) <= window for ts in anonymous):
                 return True

@@ -139,6 +139,9 @@ class SaveState:
     first_ts: dt.datetime | None = None
     began: dt.datetime | None = None
     began_bounded: bool = True
+    #: a start line said the save goes on in the background (``attrs.async``): it ends only at
+    #: its own end line, not at the next progress line
+    background: bool = False
     started: dict[int, Ev] = field(default_factory=dict)
     finished: dict[int, Ev] = field(default_factory=dict)
     implicit: dict[int, Ev] = field(default_factory=dict)
@@ -366,6 +369,8 @@ def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
             s.started.setdefault(rank, ev)
             s.first_ts = ev.ts if s.first_ts is None or ev.ts < s.first_ts else s.first_ts
             open_save[rank] = step
+        if ev.kind == "save_start" and ev.attrs.get("async"):
+            s.background = True
         if ev.kind == "save_start" and ev.attrs.get("async") and rank in s.finished and rank not in s.failed:
             # the blocking part ended ('[step=4000] Finished synchronous save.'), then the save went
             # on in the background (MaxText's 'Started an asynchronous checkpoint save for step
@@ -436,11 +441,14 @@ def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
             return None if end is not None and any(r.source_id == end.source_id and _before(r, end)
                                                    for r in back) else end
         ended = own(next((e for e in ends if e.ts >= s.first_ts), None))
-        is_async = any(e.attrs.get("async") for e in s.started.values())
+        # any of its start lines may say so (NeMo's 'Global Checkpoint Save : Rank: 0' comes
+        # before its 'Scheduled async checkpoint save for …', both of rank 0)
+        is_async = s.background
         for rank in s.expected - set(s.finished):
             start_ev = s.started.get(rank)
             memo = (s.step, rank, start_ev.dedup_key if start_ev is not None else "")
-            went_on = state.implicit_memo.get(memo)
+            # (an end found before a later line said the save goes on in the background is none)
+            went_on = None if is_async else state.implicit_memo.get(memo)
             if went_on is None and not is_async and rank in progress:
                 where = state.copies.get(start_ev.dedup_key, {}) if start_ev is not None else {}
                 went_on = progress[rank].first_after(start_ev, s.first_ts, s.step, where)
