@@ -477,6 +477,12 @@ def saves_of(state: JobState, events: list[Ev]) -> dict[int, SaveState]:
                 later = [x.started[rank] for x in saves.values() if x.step > s.step and rank in x.started
                          and x.started[rank].ts >= s.first_ts]
                 nxt = own(min(later, key=_key, default=None))
-                if nxt is not None and (failed_at is None or _before(nxt, failed_at)):
+                # cut by a failure of its own (or of no rank: its host's) before it began the next
+                # save; another rank's failure in the next save ends nothing of this one (Paddle's
+                # ranks log no end of save: each one's step-400 save ends at its step-600 start,
+                # also when rank 6 ran out of memory in the step-600 save a few ms before another's)
+                mine = next((f for f in failures if f.ts >= s.first_ts and not stored_elsewhere(f, s.path)
+                             and state.rank_of(f) in (None, rank)), None)
+                if nxt is not None and (mine is None or _before(nxt, mine)):
                     s.implicit[rank] = nxt
     return saves

@@ -11,6 +11,7 @@ Three sources, strongest first:
    default run id ``none`` is shared by every run, so then the directory name is);
 3. a file named after its rank (``rank3.log``, ``rank_3.out``, ``train-rank3.txt``; see
    :data:`RANK_FILE_RE`): that rank, the job from its lines or the directory's other files;
+   Paddle's launcher's ``workerlog.N`` (:data:`PADDLE_WORKERLOG_RE`): local rank N;
    a template's match and a rank file's name allow a rotated copy's suffix (``.1``, ``.gz``);
 4. a Kubernetes container log (:data:`K8S_POD_RES`): its pod is its host;
 5. a Slurm batch output file, ``slurm-<jobid>.out`` / ``slurm-<jobid>_<task>.out``
@@ -53,6 +54,9 @@ K8S_POD_RES = (
     re.compile(r"(?:^|/)(?:describe[-_](?:pods?[-_])?)?(?P<pod>[A-Za-z0-9][\w.-]*-(?:master|worker|launcher)-\d+)"
                r"(?:\.(?:log|out|txt))?" + ROTATED + "$"),
 )
+#: PaddlePaddle's launcher (paddle/distributed/fleet/launch_utils.py start_local_trainers, and
+#: paddle.distributed.launch after it): each local trainer's output in ``<log_dir>/workerlog.<idx>``
+PADDLE_WORKERLOG_RE = re.compile(r"(?:^|/)workerlog\.(?P<local_rank>\d{1,6})" + ROTATED + "$")
 SLURM_OUT_RE = re.compile(r"(?:^|/)(?P<job>slurm-\d+(?:_\d+)?)\.(?:out|err)$")
 _FIELD_RE = re.compile(r"\{(job|host|rank|local_rank|attempt)\}")
 _INT_FIELDS = ("rank", "local_rank", "attempt")
@@ -163,6 +167,9 @@ def labels_for(path: str, template: re.Pattern[str] | None = None) -> PathLabels
     m = RANK_FILE_RE.search(norm)
     if m:
         return PathLabels(rank=int(m.group("rank")), source_kind="worker")
+    m = PADDLE_WORKERLOG_RE.search(norm)
+    if m:
+        return PathLabels(local_rank=int(m.group("local_rank")), source_kind="worker")
     for pod_re in K8S_POD_RES:
         m = pod_re.search(norm)
         if m:

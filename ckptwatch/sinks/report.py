@@ -82,9 +82,13 @@ def render_text(incidents: list[Incident], console: Console, stats: dict[str, An
             where = ", ".join(f"{k} {v}" for k, v in (("rank", rc.rank), ("host", rc.host), ("pid", rc.pid))
                               if v is not None) or "rank unknown"
             # the root cause's line has no time of its own: dated by the next line of its file that has
-            approx = any(e.role == "root_cause" and not e.own_time for e in inc.evidence)
-            when = f"at ≈{_ts(rc.ts)} (no time of its own: the next dated line of its file)" if approx else (
-                f"at {_ts(rc.ts)}")
+            undated = [e for e in inc.evidence if e.role == "root_cause" and not e.own_time]
+            if not undated:
+                when = f"at {_ts(rc.ts)}"
+            elif any(e.ts == rc.ts for e in undated):  # nothing dated after it in its file: a lower bound
+                when = f"at ≈{_ts(rc.ts)} (no time of its own: an earlier line's; it came no earlier)"
+            else:
+                when = f"at ≈{_ts(rc.ts)} (no time of its own: the next dated line of its file)"
             console.print(f"  root cause   [bold]{escape(rc.cls)}{sig}[/bold] on {escape(where)}, {when}")
             if rc.line:
                 console.print(f"               [dim]{escape(_telling_line(rc.line)[:160])}[/dim]")
