@@ -314,7 +314,7 @@ class Detector:
         (bash's ``Killed``). And the lines of a kernel log among the job's own files (a fleet
         root read with ``{job}/*`` puts ``kern.log`` under the job; one job's directory read
         alone names its job-less files after it) that name no pid, or any pid when the job's
-        lines name none."""
+        lines name no pid and report no death."""
         hosts, pids = state.hosts(), set(state.pid_rank)
         deaths: dict[int, list[tuple[dt.datetime, str | None]]] = {}
         anonymous: list[dt.datetime] = []  # SIGKILL deaths without a pid, in a job without hosts
@@ -325,14 +325,24 @@ class Detector:
                 elif e.pid is None and not hosts and e.died_of_signal and e.signal == "SIGKILL":
                     anonymous.append(e.ts)
         window = dt.timedelta(seconds=OOM_PID_WINDOW)
+        # a job whose lines name no pid and report no death (Keras under nohup: the console
+        # just stops): a kernel log among its own files names the process that died
+        # (asked only of such a line: it reads every event of the job once)
+        memo: list[bool] = []
+
+        def silent() -> bool:
+            if not memo:
+                memo.append(not pids and not any(e.died_of_signal for e in (
+                    events if events is not None else state.events.values())))
+            return memo[0]
 
         def joined(e: Ev) -> bool:
             if (e.host and e.host in hosts) or (e.pid is not None and e.pid in pids):
                 return True
             # a kernel log among the job's own files (a job-less one: the files read are one
             # job's, named after their directory): not a pid of another process of it, unless
-            # the job's lines name no pid at all (Keras under nohup: the kernel names the only one)
-            if (e.job or self._unlabelled) == state.job and (e.pid is None or not pids):
+            # the job's lines name no pid and no death at all (then the kernel names the one)
+            if (e.job or self._unlabelled) == state.job and (e.pid is None or silent()):
                 return True
             if e.kind == "oom_kill" and any(abs(e.ts - ts) <= window for ts in anonymous):
                 return True

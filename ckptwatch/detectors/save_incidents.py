@@ -144,7 +144,8 @@ def evaluate(
             failures = [e for e in failures if ev_key(e) < later]
         save_items = [(e, "save") for e in (*s.started.values(), *s.finished.values(), *s.failed.values())]
         last_good = _last_good(saves, state.retired, complete_steps, step)
-        deaths = [e for e in failures if e.kind not in ("save_error", "job_failed")]
+        went_on = _survived(failures, events, state, s)
+        deaths = [e for e in failures if e.kind not in ("save_error", "job_failed") and e.ref not in went_on]
         settle = dt.timedelta(seconds=windows.settle)
         stall = dt.timedelta(seconds=windows.stall_after)
         if deaths or any(e.kind == "job_failed" for e in failures):
@@ -167,10 +168,14 @@ def evaluate(
             if not (final or s.failed or clock is None or watermark - s.began >= stall
                     or own_clock.any_overdue(state, s, saves, clock, settle)):
                 continue  # each rank not finished is behind on its own host's clock: its lines may be on their way
-            att = _dated(attribute(list(s.failed.values()), state, s.expected), events)
+            # with the failures its ranks went on from (the OSError under a 'failed to save shard')
+            caught = {e.ref: e for e in [*s.failed.values(), *(f for f in failures if f.ref in went_on)]}
+            att = _dated(attribute(sorted(caught.values(), key=lambda e: (e.ts, e.source_id, e.offset)), state,
+                                   s.expected), events)
             root = att.root if att else None
             out.append(_incident("partial_checkpoint", state, s, root, att.collateral if att else [], last_good,
-                                 save_items, s.began))
+                                 save_items + [(e, "root_cause") for e in (att.root_events if att else [])],
+                                 s.began))
         elif watermark - s.began >= stall:  # from a start dated by lines' own times (an inherited one is a lower bound)
             out.append(_incident("stalled_save", state, s, None, [], last_good, save_items, s.began))
         again = any(x.step == step and x.complete and x.first_ts and x.first_ts > s.first_ts for x in saves.values())
@@ -191,6 +196,25 @@ def _dated(att: Attribution | None, events: list[Ev]) -> Attribution | None:
     if root is not None and root.ts_source not in OWN_TIME and att.root.ts == root.ts:
         att.root.ts = Dating.of_events(events).of(root)
     return att
+
+
+#: failures a process may catch and go on from (a failed write of its shard, its save code's error)
+_SURVIVABLE = frozenset({"storage_error", "exception", "host_memory"})
+
+
+def _survived(failures: list[Ev], events: list[Ev], state: JobState, s: SaveState) -> set:
+    """Refs of the failures in ``failures`` that their rank went on from: a storage error or an
+    exception in save code after which the same rank began or finished a save of a later step
+    (a loop that catches a failed shard write, logs it and trains on). Its save is partial, not
+    interrupted: nothing died."""
+    out = set()
+    for e in failures:
+        if e.kind not in _SURVIVABLE or (r := state.rank_of(e)) is None:
+            continue
+        if any(x.kind in ("save_start", "save_end") and x.step is not None and x.step > s.step and x.ts > e.ts
+               and state.rank_of(x) == r for x in events):
+            out.add(e.ref)
+    return out
 
 
 def _began(s: SaveState, failed: dt.datetime | None) -> dt.datetime:

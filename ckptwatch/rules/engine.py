@@ -1137,10 +1137,13 @@ def _floored_by_rule_times(events: pl.DataFrame) -> pl.DataFrame:
     own = pl.col("ts_source").is_in(["line", "rule"])
     if not (events["ts_source"] == "inherited").any():
         return events
+    # by place in the file, not by record order: a traceback is one record, emitted once its
+    # stream's next line came, after lines of other streams printed below its first line
     floor = pl.when(own).then(pl.col("ts")).cum_max().forward_fill().shift(1).over("source_id")
-    return events.with_columns(
-        pl.when((pl.col("ts_source") == "inherited") & (floor > pl.col("ts"))).then(floor)
-        .otherwise(pl.col("ts")).alias("ts"))
+    return (events.with_row_index("_order").sort("source_id", "offset", "_order")
+            .with_columns(pl.when((pl.col("ts_source") == "inherited") & (floor > pl.col("ts"))).then(floor)
+                          .otherwise(pl.col("ts")).alias("ts"))
+            .sort("_order").drop("_order"))
 
 
 def _dedup_keys(df: pl.DataFrame) -> pl.Series:
