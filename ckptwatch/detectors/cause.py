@@ -270,9 +270,18 @@ def attribute(failures: list[Ev], state: JobState, expected: set[int],
     collateral = sorted(({r for e in collateral_events
                           if (r := state.rank_of(e) if e.pid not in signalled else signalled[e.pid]) is not None}
                          | {r for e in collateral_events for r in task_ranks(e.attrs.get("tasks"))})
-                        - {root.rank})
+                        - {root.rank} - _ranks_on(root, state))
     return Attribution(root=root, collateral=collateral, root_events=root_events,
                        collateral_events=collateral_events)
+
+
+def _ranks_on(root: RootCause, state: JobState) -> set[int]:
+    """The ranks of a root cause that is a whole host (no one rank: a node lost, a pod
+    OOMKilled): those the job places there. They failed with it, not because of it. Not of
+    a signal: a scheduler's cancel names the host it printed on, and reaches every rank."""
+    if root.rank is not None or not root.host or root.cls not in ("node_lost", "oom_kill", "gpu_xid"):
+        return set()
+    return {r for r in range(state.max_rank + 1) if state.host_of(r) == root.host}
 
 
 #: seconds a kernel's clock may run ahead of the line reporting the death its OOM kill caused
