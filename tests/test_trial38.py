@@ -59,9 +59,8 @@ CASES = {
     # world size: the truth says 2 (Lightning DDP, two ranks)
     "c13-lightning-load-size-mismatch/finetune-vit-b16-flowers/train.log": ({"job": "finetune-vit-b16-flowers"}, [
         ("finetune-vit-b16-flowers", "load_failure", 75060, "load_error", 0, None, [], ANY)]),
-    # host: the truth says gpu-c07 ('host=gpu-c07' in every rank's first line)
     "c14-fsdp-srun-partial-shard/moe-1b-fsdp/slurm-90877.out": ({}, [
-        ("slurm-90877", "partial_checkpoint", 2000, "storage_error", 5, ANY, [], 8)]),
+        ("slurm-90877", "partial_checkpoint", 2000, "storage_error", 5, "gpu-c07", [], 8)]),
 }
 
 
