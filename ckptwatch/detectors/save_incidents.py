@@ -207,14 +207,16 @@ def _survived(failures: list[Ev], events: list[Ev], state: JobState, s: SaveStat
     exception in save code after which the same rank began or finished a save of a later step
     (a loop that catches a failed shard write, logs it and trains on). Its save is partial, not
     interrupted: nothing died."""
-    out = set()
-    for e in failures:
-        if e.kind not in _SURVIVABLE or (r := state.rank_of(e)) is None:
-            continue
-        if any(x.kind in ("save_start", "save_end") and x.step is not None and x.step > s.step and x.ts > e.ts
-               and state.rank_of(x) == r for x in events):
-            out.add(e.ref)
-    return out
+    caught = [(e, r) for e in failures if e.kind in _SURVIVABLE and (r := state.rank_of(e)) is not None]
+    if not caught:
+        return set()
+    later: dict[int, dt.datetime] = {}  # rank -> its newest save line of a later step (one pass)
+    for x in events:
+        if x.kind in ("save_start", "save_end") and x.step is not None and x.step > s.step:
+            r = state.rank_of(x)
+            if r is not None and (r not in later or x.ts > later[r]):
+                later[r] = x.ts
+    return {e.ref for e, r in caught if r in later and later[r] > e.ts}
 
 
 def _began(s: SaveState, failed: dt.datetime | None) -> dt.datetime:
