@@ -39,3 +39,24 @@ def trial_case(trial: Path, case: str, into: Path) -> Path:
         if rel == case or rel.startswith(case.rstrip("/") + "/"):
             os.utime(into / rel, (mtime, mtime))
     return dst
+
+
+#: a fact a trial case's truth gives that ckptwatch does not get yet (see the issue's note)
+ANY = object()
+
+
+def facts(inc) -> tuple:
+    """An incident's facts a trial's TRUTH.md names: (job, kind, step, cause class, rank,
+    host, collateral, world size)."""
+    rc = inc.root_cause
+    return (inc.job, inc.kind, inc.step, rc.cls if rc else None, rc.rank if rc else None, rc.host if rc else None,
+            inc.collateral, inc.checkpoint_state.get("world_size"))
+
+
+def assert_facts(found: list, expected: list[tuple]) -> None:
+    """The incidents ``found`` have the facts ``expected`` (:func:`facts` tuples, any order),
+    a fact marked :data:`ANY` aside."""
+    got = sorted((facts(i) for i in found), key=lambda f: (f[0], f[1]))
+    want = sorted(expected, key=lambda f: (f[0], f[1]))
+    assert len(got) == len(want), got
+    assert [tuple(w if w is ANY else g for g, w in zip(gf, wf, strict=True)) for gf, wf in zip(got, want)] == want

@@ -9,12 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from log_support import trial_case
+from log_support import ANY, assert_facts, trial_case
 
 from ckptwatch.pipeline import PipelineOptions, diagnose
 
 TRIAL = Path(__file__).parent / "fixtures" / "trial36"
-ANY = object()  # a fact the case's truth gives that ckptwatch does not get yet (see the note)
 
 # case -> (--job, [(job, kind, step, cause class, rank, host, collateral, world size)])
 CASES = {
@@ -47,17 +46,8 @@ CASES = {
 }
 
 
-def facts(inc) -> tuple:
-    rc = inc.root_cause
-    return (inc.job, inc.kind, inc.step, rc.cls if rc else None, rc.rank if rc else None, rc.host if rc else None,
-            inc.collateral, inc.checkpoint_state.get("world_size"))
-
-
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_every_fact_of_the_trial_case(case, tmp_path):
     job, expected = CASES[case]
     found, _ = diagnose([str(trial_case(TRIAL, case, tmp_path) / "logs")], PipelineOptions(job=job))
-    got = sorted((facts(i) for i in found), key=lambda f: (f[0], f[1]))
-    want = sorted(expected, key=lambda f: (f[0], f[1]))
-    assert len(got) == len(want), got
-    assert [tuple(w if w is ANY else g for g, w in zip(gf, wf, strict=True)) for gf, wf in zip(got, want)] == want
+    assert_facts(found, expected)

@@ -7,8 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from log_support import trial_case
-from test_trial36 import ANY, facts
+from log_support import ANY, assert_facts, trial_case
 
 from ckptwatch.ingest.layout import compile_template
 from ckptwatch.pipeline import PipelineOptions, diagnose
@@ -63,10 +62,7 @@ def test_every_fact_of_the_second_trial_s_case(case, tmp_path):
     options = PipelineOptions(job=opts.get("job"),
                               template=compile_template(opts["template"]) if "template" in opts else None)
     found, _ = diagnose([str(trial_case(TRIAL, case, tmp_path))], options)
-    got = sorted((facts(i) for i in found), key=lambda f: (f[0], f[1]))
-    want = sorted(expected, key=lambda f: (f[0], f[1]))
-    assert len(got) == len(want), got
-    assert [tuple(w if w is ANY else g for g, w in zip(gf, wf, strict=True)) for gf, wf in zip(got, want)] == want
+    assert_facts(found, expected)
 
 
 def test_a_cut_traceback_s_advice_says_the_exception_is_cut_off_not_what_it_names(tmp_path):

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from log_support import trial_case
-from test_trial36 import ANY, facts
+from log_support import ANY, assert_facts, trial_case
 
 from ckptwatch.ingest.layout import compile_template
 from ckptwatch.pipeline import PipelineOptions, diagnose
@@ -70,10 +69,7 @@ def test_every_fact_of_the_third_trial_s_case(case, tmp_path):
     options = PipelineOptions(job=opts.get("job"),
                               template=compile_template(opts["template"]) if "template" in opts else None)
     found, _ = diagnose([str(trial_case(TRIAL, case, tmp_path))], options)
-    got = sorted((facts(i) for i in found), key=lambda f: (f[0], f[1]))
-    want = sorted(expected, key=lambda f: (f[0], f[1]))
-    assert len(got) == len(want), got
-    assert [tuple(w if w is ANY else g for g, w in zip(gf, wf, strict=True)) for gf, wf in zip(got, want)] == want
+    assert_facts(found, expected)
 
 
 def test_the_checkpoints_and_last_good_ones_of_the_third_trial(tmp_path):
