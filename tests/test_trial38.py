@@ -35,9 +35,8 @@ CASES = {
         ("llama2-13b-sft-paddle", "interrupted_save", 600, "cuda_oom", 6, ANY, [0, 1, 2, 3, 4, 5, 7], 8)]),
     "c06-megatron-slurm-timelimit-pernode/gpt-13b-pretrain": ({}, [
         ("slurm-812345", "interrupted_save", 12000, "signal", None, "gpu101", list(range(32)), 32)]),
-    # world size: the truth says 4 (NCCL's 'nRanks 4')
     "c07-openrlhf-paste-cut/pasted.log": ({"job": "unknown"}, [
-        ("unknown", "storage_failure_during_save", 400, "storage_error", 2, "10.0.3.7", [], ANY)]),
+        ("unknown", "storage_failure_during_save", 400, "storage_error", 2, "10.0.3.7", [], 4)]),
     # rtmdet: host (the pod), collateral 1-7 and world size 8 ('GPU number: 8') are what the truth says
     "c08-fleet-root/fleet": ({"template": "{job}/*"}, [
         ("gptj-ds-90211", "interrupted_save", 7000, "node_lost", None, "gpu-b13", ALL, 16),
