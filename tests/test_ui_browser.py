@@ -115,7 +115,11 @@ def test_the_list_updates_live_and_an_incident_page_shows_its_timeline(browser, 
     assert new_row["id"] not in before
     assert "new" in new_row["cls"].split()
     assert "new incident(s) since" in text_of(browser, "#banner")
-    assert "collective_timeout rank 1" in new_row["text"]
+    # listed while provisional, from the files read so far (copytree writes them one by one):
+    # the row follows as the rest arrive, to the rank the others waited for
+    new_row = wait_for("job-0301-timeout's root rank", lambda: [
+        r for r in rows(browser) if r["id"] == new_row["id"] and "collective_timeout rank 1" in r["text"]],
+        timeout=60, proc=proc)[0]
     # its page (the link the row holds): timeline picture, report, evidence with the file each line came from
     assert new_row["href"] == f"{url}incidents/{new_row['id']}"
     browser.get(new_row["href"])
